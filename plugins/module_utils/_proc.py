@@ -1,0 +1,253 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Read-only views of ``/proc``: one place for every module that looks at processes.
+
+This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
+time. It needs only the standard library (it runs on targets).
+
+Everything here is a pure parser plus thin readers around it, so the parsers
+can be tested table-driven against captured ``/proc`` text.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import typing as t
+from dataclasses import dataclass, field
+
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+
+
+class ProcError(Exception):
+    """A ``/proc`` file was present but not in the expected format."""
+
+
+@dataclass(frozen=True)
+class StatFields:
+    """The fields of ``/proc/PID/stat`` that identify and place a process."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    flags: int
+    starttime: int  # clock ticks since boot; with pid it names one process for good
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process, as seen at one moment."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    starttime: int
+    comm: str
+    cmdline: tuple[str, ...]
+    uid: int | None = None
+    is_kernel_thread: bool = False
+    cgroup: str = ""
+    nspid: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """(pid, starttime): stays unique across PID reuse."""
+        return (self.pid, self.starttime)
+
+    @property
+    def command(self) -> str:
+        """The command line for humans; kernel threads show as ``[comm]``."""
+        return " ".join(self.cmdline) if self.cmdline else "[%s]" % self.comm
+
+
+def parse_stat(text: str) -> StatFields:
+    """Parse ``/proc/PID/stat``.
+
+    ``comm`` may itself contain spaces and parentheses, so it is cut at the
+    first ``(`` and the *last* ``)``.
+    """
+    open_at = text.find("(")
+    close_at = text.rfind(")")
+    if open_at < 0 or close_at < open_at:
+        raise ProcError("no (comm) in stat line: %r" % text[:80])
+    rest = text[close_at + 2:].split()
+    # rest[0] is field 3 (state); starttime is field 22 -> rest[19]
+    if len(rest) < 20:
+        raise ProcError("stat line too short: %r" % text[:80])
+    try:
+        return StatFields(
+            pid=int(text[:open_at].strip()),
+            comm=text[open_at + 1:close_at],
+            state=rest[0],
+            ppid=int(rest[1]),
+            pgid=int(rest[2]),
+            sid=int(rest[3]),
+            flags=int(rest[6]),
+            starttime=int(rest[19]),
+        )
+    except ValueError as exc:
+        raise ProcError("bad number in stat line %r: %s" % (text[:80], exc)) from exc
+
+
+def parse_cmdline(raw: bytes) -> tuple[str, ...]:
+    """Split ``/proc/PID/cmdline`` (NUL separated, maybe NUL terminated)."""
+    if not raw:
+        return ()
+    parts = raw.split(b"\0")
+    if parts and parts[-1] == b"":
+        parts.pop()
+    return tuple(p.decode("utf-8", "surrogateescape") for p in parts)
+
+
+def parse_status(text: str) -> dict[str, str]:
+    """``/proc/PID/status`` as a dict of its ``Key:\\tvalue`` lines."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key] = value.strip()
+    return fields
+
+
+def parse_uid(status: dict[str, str]) -> int | None:
+    """The real UID from parsed status, or None when absent."""
+    uids = status.get("Uid", "").split()
+    return int(uids[0]) if uids else None
+
+
+def parse_nspid(status: dict[str, str]) -> tuple[int, ...]:
+    """``NSpid``: the PID in each nested PID namespace, outermost first."""
+    return tuple(int(x) for x in status.get("NSpid", "").split())
+
+
+# Proxmox VE (cgroup v2):   0::/lxc/200/ns/user.slice/...   monitor: /lxc.monitor/200
+# plain LXC >= 4 (v1/v2):   0::/lxc.payload.200/...          monitor: /lxc.monitor.200
+_CT_CGROUP_RES = (
+    re.compile(r"(?:^|/)lxc/(?P<vmid>\d+)(?:/|$)"),
+    re.compile(r"(?:^|/)lxc\.payload\.(?P<vmid>\d+)(?:/|$)"),
+)
+
+
+def container_vmid_from_cgroup(cgroup_text: str) -> int | None:
+    """The VMID of the LXC container a process runs in, from ``/proc/PID/cgroup``.
+
+    Returns None for host processes, including the container's monitor
+    process, which lives outside the container's payload cgroup.
+    """
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        for regex in _CT_CGROUP_RES:
+            match = regex.search(path)
+            if match:
+                return int(match.group("vmid"))
+    return None
+
+
+def _read_text(path: str) -> str:
+    with open(path, "r", encoding="utf-8", errors="surrogateescape") as handle:
+        return handle.read()
+
+
+def read_process(pid: int, proc_root: str = "/proc") -> ProcessInfo | None:
+    """Snapshot one process, or None if it no longer exists.
+
+    A process can vanish between any two reads; any of them failing with
+    ENOENT/ESRCH means "gone", never an error.
+    """
+    base = "%s/%d" % (proc_root, pid)
+    try:
+        stat = parse_stat(_read_text(base + "/stat"))
+        with open(base + "/cmdline", "rb") as handle:
+            cmdline = parse_cmdline(handle.read())
+        status = parse_status(_read_text(base + "/status"))
+        try:
+            cgroup = _read_text(base + "/cgroup")
+        except PermissionError:
+            cgroup = ""
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return ProcessInfo(
+        pid=stat.pid,
+        ppid=stat.ppid,
+        pgid=stat.pgid,
+        sid=stat.sid,
+        state=stat.state,
+        starttime=stat.starttime,
+        comm=stat.comm,
+        cmdline=cmdline,
+        uid=parse_uid(status),
+        is_kernel_thread=bool(stat.flags & PF_KTHREAD),
+        cgroup=cgroup,
+        nspid=parse_nspid(status),
+    )
+
+
+def read_starttime(pid: int, proc_root: str = "/proc") -> int | None:
+    """Just the start time (cheap identity check), or None when gone."""
+    try:
+        return parse_stat(_read_text("%s/%d/stat" % (proc_root, pid))).starttime
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def list_pids(proc_root: str = "/proc") -> list[int]:
+    """Every numeric entry of ``/proc``, i.e. every thread-group leader."""
+    return sorted(int(name) for name in os.listdir(proc_root) if name.isdigit())
+
+
+def iter_processes(proc_root: str = "/proc") -> t.Iterator[ProcessInfo]:
+    """Snapshot every process that still exists while it is read."""
+    for pid in list_pids(proc_root):
+        info = read_process(pid, proc_root)
+        if info is not None:
+            yield info
+
+
+def ancestors_of(pid: int, proc_root: str = "/proc") -> list[int]:
+    """PIDs from ``pid``'s parent up to PID 1 (the chain the caller must never signal)."""
+    chain: list[int] = []
+    seen = {pid}
+    current = pid
+    while current > 1:
+        info = read_process(current, proc_root)
+        if info is None or info.ppid in seen or info.ppid == 0:
+            break
+        chain.append(info.ppid)
+        seen.add(info.ppid)
+        current = info.ppid
+    return chain
+
+
+def read_wchan(pid: int, proc_root: str = "/proc") -> str:
+    """Where a process sleeps in the kernel ('' when unknown): for 'unkillable' reports."""
+    try:
+        return _read_text("%s/%d/wchan" % (proc_root, pid)).strip()
+    except OSError:
+        return ""
+
+
+def fd_targets(pid: int, proc_root: str = "/proc") -> list[str]:
+    """What each open fd of ``pid`` points at (like ``ls -l /proc/PID/fd``).
+
+    Unreadable or vanished processes give an empty list: callers scan every
+    process and must not fail on one that exits mid-scan.
+    """
+    fd_dir = "%s/%d/fd" % (proc_root, pid)
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return []
+    targets = []
+    for name in names:
+        try:
+            targets.append(os.readlink(fd_dir + "/" + name))
+        except OSError:
+            continue
+    return targets
