@@ -251,3 +251,25 @@ def fd_targets(pid: int, proc_root: str = "/proc") -> list[str]:
         except OSError:
             continue
     return targets
+
+
+def fd_links(pid: int, proc_root: str = "/proc") -> list[tuple[str, str]]:
+    """``(fd path, target)`` for each open fd of ``pid``, e.g. ``('/proc/7/fd/3', '/dev/nvidia0')``.
+
+    Like :func:`fd_targets`, but keeps the fd path so a caller can ``os.stat`` it
+    and compare the file's identity (a bind-mounted device file shows another
+    path in another mount namespace). Vanished or unreadable processes give [].
+    """
+    fd_dir = "%s/%d/fd" % (proc_root, pid)
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return []
+    links = []
+    for name in names:
+        path = fd_dir + "/" + name
+        try:
+            links.append((path, os.readlink(path)))
+        except OSError:
+            continue
+    return links

@@ -1,0 +1,694 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: pct_ssh
+short_description: Run tasks inside a Proxmox VE LXC container through C(pct exec) over SSH
+version_added: 0.1.0
+author: gpuops.repurpose contributors
+description:
+  - Connects with paramiko to the Proxmox VE host that runs the container and runs every command
+    as C(pct exec VMID -- /bin/sh -c CMD), so any module (M(ansible.builtin.template), M(ansible.builtin.pip),
+    M(ansible.builtin.systemd_service), ...) works inside a container that has no sshd of its own.
+  - The command is built as an argument list and quoted exactly once for the host's shell, and the VMID is
+    validated as an integer, so quotes, C($), backticks, newlines and non-ASCII text in commands and
+    paths arrive intact and a VMID such as C(200; reboot) is refused before anything runs.
+  - "A non-root host user runs C(pct) through C(sudo -n) (see O(proxmox_become_method)): a missing sudo rule
+    fails at once, naming the rule to add, instead of waiting for a password."
+  - stdout and stderr are kept apart (no pty unless O(pty) is set), every command is bounded by
+    O(command_timeout), and a command killed by a signal is reported as such.
+  - Files move by SFTP to a private temporary directory on the host plus C(pct push)/C(pct pull), streamed in
+    blocks (no file is read into memory whole); where the host has no SFTP server they are streamed through
+    C(cat) inside the container instead. Pipelining is supported.
+  - One SSH connection per host, user and credentials is kept open by a small control master process (like
+    OpenSSH's ControlPersist) and reused by all tasks, including tasks for other containers on the same host.
+  - A stopped container, a missing container (or one on another cluster node), an unreachable host, a refused
+    login and an unknown host key each fail with their own message.
+  - Option and variable names follow P(community.proxmox.proxmox_pct_remote#connection) where they mean the same,
+    so an inventory can switch between the two.
+requirements:
+  - paramiko (on the controller)
+  - C(pct) on the Proxmox VE host, and C(/bin/sh) inside the container
+options:
+  remote_addr:
+    description: Address of the Proxmox VE host that runs the container (not of the container).
+    type: string
+    default: inventory_hostname
+    vars:
+      - name: inventory_hostname
+      - name: ansible_host
+      - name: ansible_ssh_host
+      - name: ansible_paramiko_host
+  port:
+    description: SSH port of the Proxmox VE host.
+    type: int
+    default: 22
+    ini:
+      - section: defaults
+        key: remote_port
+      - section: paramiko_connection
+        key: remote_port
+    env:
+      - name: ANSIBLE_REMOTE_PORT
+      - name: ANSIBLE_REMOTE_PARAMIKO_PORT
+    vars:
+      - name: ansible_port
+      - name: ansible_ssh_port
+      - name: ansible_paramiko_port
+    keyword:
+      - name: port
+  remote_user:
+    description:
+      - User to log in as on the Proxmox VE host. Commands inside the container run as the container's root
+        (use C(become) to change user inside the container).
+      - Any user other than C(root) runs C(pct) through O(proxmox_become_method).
+    type: string
+    vars:
+      - name: ansible_user
+      - name: ansible_ssh_user
+      - name: ansible_paramiko_user
+    env:
+      - name: ANSIBLE_REMOTE_USER
+      - name: ANSIBLE_PARAMIKO_REMOTE_USER
+    ini:
+      - section: defaults
+        key: remote_user
+      - section: paramiko_connection
+        key: remote_user
+    keyword:
+      - name: remote_user
+  password:
+    description: Password for the SSH login, or the passphrase of O(private_key_file).
+    type: string
+    vars:
+      - name: ansible_password
+      - name: ansible_ssh_pass
+      - name: ansible_ssh_password
+      - name: ansible_paramiko_pass
+      - name: ansible_paramiko_password
+  private_key_file:
+    description: Private key for the SSH login.
+    type: string
+    ini:
+      - section: defaults
+        key: private_key_file
+      - section: paramiko_connection
+        key: private_key_file
+    env:
+      - name: ANSIBLE_PRIVATE_KEY_FILE
+      - name: ANSIBLE_PARAMIKO_PRIVATE_KEY_FILE
+    vars:
+      - name: ansible_private_key_file
+      - name: ansible_ssh_private_key_file
+      - name: ansible_paramiko_private_key_file
+    cli:
+      - name: private_key_file
+        option: "--private-key"
+  look_for_keys:
+    description: Whether to also try the keys in C(~/.ssh/).
+    type: boolean
+    default: true
+    env:
+      - name: ANSIBLE_PARAMIKO_LOOK_FOR_KEYS
+    ini:
+      - section: paramiko_connection
+        key: look_for_keys
+    vars:
+      - name: ansible_pct_ssh_look_for_keys
+  host_key_checking:
+    description:
+      - Whether to check the host key against O(known_hosts_file) and C(/etc/ssh/ssh_known_hosts).
+      - With V(true) (the default) an unknown host key is rejected unless O(host_key_auto_add) is set.
+      - V(false) accepts any key and records nothing.
+    type: boolean
+    default: true
+    env:
+      - name: ANSIBLE_HOST_KEY_CHECKING
+      - name: ANSIBLE_SSH_HOST_KEY_CHECKING
+      - name: ANSIBLE_PARAMIKO_HOST_KEY_CHECKING
+    ini:
+      - section: defaults
+        key: host_key_checking
+      - section: paramiko_connection
+        key: host_key_checking
+    vars:
+      - name: ansible_host_key_checking
+      - name: ansible_ssh_host_key_checking
+      - name: ansible_paramiko_host_key_checking
+  host_key_auto_add:
+    description: Accept an unknown host key (trust on first use) and, with O(record_host_keys), record it.
+    type: boolean
+    default: false
+    env:
+      - name: ANSIBLE_PARAMIKO_HOST_KEY_AUTO_ADD
+    ini:
+      - section: paramiko_connection
+        key: host_key_auto_add
+    vars:
+      - name: ansible_pct_ssh_host_key_auto_add
+  record_host_keys:
+    description: Append host keys accepted through O(host_key_auto_add) to O(known_hosts_file).
+    type: boolean
+    default: true
+    env:
+      - name: ANSIBLE_PARAMIKO_RECORD_HOST_KEYS
+    ini:
+      - section: paramiko_connection
+        key: record_host_keys
+    vars:
+      - name: ansible_pct_ssh_record_host_keys
+  known_hosts_file:
+    description: The known_hosts file to check host keys against and to record new ones in.
+    type: path
+    default: ~/.ssh/known_hosts
+    env:
+      - name: ANSIBLE_PCT_SSH_KNOWN_HOSTS_FILE
+    ini:
+      - section: pct_ssh_connection
+        key: known_hosts_file
+    vars:
+      - name: ansible_pct_ssh_known_hosts_file
+  lock_file_timeout:
+    description: Seconds to wait for the lock on O(known_hosts_file) when recording a host key.
+    type: int
+    default: 60
+    env:
+      - name: ANSIBLE_LOCK_FILE_TIMEOUT
+    vars:
+      - name: ansible_lock_file_timeout
+  proxy_command:
+    description:
+      - A command whose stdin/stdout carry the SSH connection (a jump host), for example
+        C(ssh -W %h:%p bastion.example.internal). C(%h), C(%p) and C(%r) are replaced by host, port and user.
+    type: string
+    default: ""
+    env:
+      - name: ANSIBLE_PARAMIKO_PROXY_COMMAND
+    ini:
+      - section: paramiko_connection
+        key: proxy_command
+    vars:
+      - name: ansible_paramiko_proxy_command
+  use_rsa_sha2_algorithms:
+    description: Whether to allow the RSA SHA2 algorithms for keys and host keys (V(false) for very old servers).
+    type: boolean
+    default: true
+    env:
+      - name: ANSIBLE_PARAMIKO_USE_RSA_SHA2_ALGORITHMS
+    ini:
+      - section: paramiko_connection
+        key: use_rsa_sha2_algorithms
+    vars:
+      - name: ansible_paramiko_use_rsa_sha2_algorithms
+  timeout:
+    description: Seconds to wait for the TCP connection and for the login.
+    type: int
+    default: 10
+    ini:
+      - section: defaults
+        key: timeout
+      - section: paramiko_connection
+        key: timeout
+    env:
+      - name: ANSIBLE_TIMEOUT
+      - name: ANSIBLE_PARAMIKO_TIMEOUT
+    vars:
+      - name: ansible_ssh_timeout
+      - name: ansible_paramiko_timeout
+    cli:
+      - name: timeout
+  banner_timeout:
+    description: Seconds to wait for the SSH banner.
+    type: float
+    default: 30
+    ini:
+      - section: paramiko_connection
+        key: banner_timeout
+    env:
+      - name: ANSIBLE_PARAMIKO_BANNER_TIMEOUT
+  vmid:
+    description:
+      - The VMID of the container (an integer from 100 to 999999999, as in C(pct list)).
+      - Must be set; anything that is not such an integer is refused before a command is built.
+    type: int
+    vars:
+      - name: proxmox_vmid
+  pct_path:
+    description: Path of C(pct) on the Proxmox VE host.
+    type: string
+    default: /usr/sbin/pct
+    vars:
+      - name: proxmox_pct_path
+  proxmox_become_method:
+    description:
+      - How a non-root O(remote_user) runs C(pct) on the host. V(sudo) and V(doas) run non-interactively
+        (C(sudo -n)); V(none) runs C(pct) directly; any other value is used as a literal command prefix.
+      - "With sudo the host needs a rule such as C(pveops ALL=(root) NOPASSWD: /usr/sbin/pct)."
+    type: string
+    default: sudo
+    vars:
+      - name: proxmox_become_method
+  keep_env:
+    description:
+      - Pass C(--keep-env 1) (V(true)) or C(--keep-env 0) (V(false)) to C(pct exec). Unset leaves the
+        Proxmox VE release's default (which changes between releases).
+    type: boolean
+    vars:
+      - name: proxmox_keep_env
+  command_timeout:
+    description:
+      - Seconds any one command may run before the task fails. Raise it for long tasks
+        (package builds), or run them with C(async).
+    type: int
+    default: 3600
+    env:
+      - name: ANSIBLE_PCT_SSH_COMMAND_TIMEOUT
+    ini:
+      - section: pct_ssh_connection
+        key: command_timeout
+    vars:
+      - name: ansible_pct_ssh_command_timeout
+  control_persist:
+    description:
+      - Seconds the shared SSH connection (the control master process) stays open after its last use.
+      - V(0) disables sharing; every task then opens its own SSH connection.
+    type: int
+    default: 60
+    env:
+      - name: ANSIBLE_PCT_SSH_CONTROL_PERSIST
+    ini:
+      - section: pct_ssh_connection
+        key: control_persist
+    vars:
+      - name: ansible_pct_ssh_control_persist
+  control_path_dir:
+    description: Private directory (mode 0700) for the control masters' sockets.
+    type: path
+    default: ~/.ansible/pct_ssh
+    env:
+      - name: ANSIBLE_PCT_SSH_CONTROL_PATH_DIR
+    ini:
+      - section: pct_ssh_connection
+        key: control_path_dir
+    vars:
+      - name: ansible_pct_ssh_control_path_dir
+  transfer_method:
+    description:
+      - V(auto) moves files by SFTP plus C(pct push)/C(pct pull) and falls back to streaming through C(cat) when the
+        host has no SFTP server; V(sftp) and V(cat) force one way.
+    type: string
+    choices: [auto, sftp, cat]
+    default: auto
+    env:
+      - name: ANSIBLE_PCT_SSH_TRANSFER_METHOD
+    ini:
+      - section: pct_ssh_connection
+        key: transfer_method
+    vars:
+      - name: ansible_pct_ssh_transfer_method
+  pipelining:
+    description:
+      - Feed modules to the interpreter's stdin instead of copying them first (one C(pct exec) per task).
+      - On by default here because no pty is involved, so C(requiretty) cannot break it.
+    type: boolean
+    default: true
+    env:
+      - name: ANSIBLE_PIPELINING
+    ini:
+      - section: defaults
+        key: pipelining
+      - section: connection
+        key: pipelining
+      - section: ssh_connection
+        key: pipelining
+      - section: pct_ssh_connection
+        key: pipelining
+    vars:
+      - name: ansible_pipelining
+      - name: ansible_pct_ssh_pipelining
+  pty:
+    description:
+      - Allocate a pseudo-terminal for commands. This merges stderr into stdout; only set it for a
+        C(become) method inside the container that insists on a terminal.
+    type: boolean
+    default: false
+    env:
+      - name: ANSIBLE_PCT_SSH_PTY
+    vars:
+      - name: ansible_pct_ssh_pty
+notes:
+  - Commands run as root inside the container (that is what C(pct exec) does). C(become) inside the container
+    works for methods that need no password as root (C(sudo), C(su)); a C(become_password) is not supported.
+  - The control master is a child Python process of the controller that exits O(control_persist) seconds after
+    its last use, or when its SSH connection drops; C(meta: reset_connection) ends it at once.
+  - Host keys are checked by default. The simplest safe set-up is O(known_hosts_file) pointing at a file that
+    holds the host's key.
+seealso:
+  - module: gpuops.repurpose.proxmox_ct_exec
+  - name: community.proxmox.proxmox_pct_remote
+    description: The connection this one follows in option names.
+    link: https://docs.ansible.com/ansible/latest/collections/community/proxmox/proxmox_pct_remote_connection.html
+"""
+
+EXAMPLES = r"""
+# inventories/ct200/hosts.yml: CT200 on pve1.example.internal, reached as the sudo user "pveops".
+# The host needs the sudoers rule
+#   pveops ALL=(root) NOPASSWD: /usr/sbin/pct
+# and the controller needs the host key in the known_hosts file named below.
+all:
+  children:
+    containers:
+      hosts:
+        ct200:
+          ansible_connection: gpuops.repurpose.pct_ssh
+          ansible_host: pve1.example.internal
+          ansible_port: 22
+          ansible_user: pveops
+          ansible_ssh_private_key_file: ~/.ssh/id_ed25519_pve
+          ansible_pct_ssh_known_hosts_file: ~/.ssh/known_hosts
+          proxmox_vmid: 200
+          ansible_python_interpreter: /usr/bin/python3
+    pve_hosts:
+      hosts:
+        pve1:
+          ansible_host: pve1.example.internal
+          ansible_user: root
+
+# A playbook: the tasks run inside CT200.
+# - hosts: ct200
+#   gather_facts: false
+#   tasks:
+#     - name: Any module works inside the container
+#       ansible.builtin.command: nvidia-smi --query-gpu=memory.used --format=csv
+#
+#     - name: A long install gets a longer bound than the default hour
+#       ansible.builtin.pip:
+#         name: sglang
+#       vars:
+#         ansible_pct_ssh_command_timeout: 7200
+"""
+
+import os
+import stat
+import typing as t
+
+from ansible.errors import AnsibleAuthenticationFailure, AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
+from ansible.module_utils.common.text.converters import to_bytes, to_text
+from ansible.plugins.connection import ConnectionBase
+from ansible.utils.display import Display
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
+
+display = Display()
+
+# in-process sessions for control_persist=0 (one per worker, reused within a task)
+_DIRECT: t.Dict[str, _pct_ssh.DirectSession] = {}
+
+
+class Connection(ConnectionBase):
+    """Tasks inside a Proxmox VE container, through ``pct`` on its host over SSH."""
+
+    transport = "gpuops.repurpose.pct_ssh"
+    has_pipelining = True
+    has_tty = False  # become prompts are not answered (see notes)
+
+    def __init__(self, *args: t.Any, **kwargs: t.Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._session: t.Any = None
+        self._settings: t.Optional[_pct_ssh.Settings] = None
+
+    # -- settings -------------------------------------------------------------
+    def _host(self) -> str:
+        return "%s:%s" % (self.get_option("remote_addr"), self.get_option("port"))
+
+    def _vmid(self) -> int:
+        value = self.get_option("vmid")
+        if value is None:
+            raise AnsibleError("pct_ssh: set proxmox_vmid (the container's VMID, e.g. 200) for host %s" % self._host())
+        try:
+            return _pct.validate_vmid(value, option="proxmox_vmid")
+        except _pct.PctError as e:
+            raise AnsibleError("pct_ssh: %s" % e)
+
+    def _user(self) -> str:
+        return self.get_option("remote_user") or "root"
+
+    def _prefix(self) -> t.List[str]:
+        try:
+            return _pct.become_prefix(self._user(), self.get_option("proxmox_become_method"))
+        except _pct.PctError as e:
+            raise AnsibleError("pct_ssh: %s" % e)
+
+    def _build_settings(self) -> _pct_ssh.Settings:
+        return _pct_ssh.Settings(
+            host=self.get_option("remote_addr"),
+            port=int(self.get_option("port") or 22),
+            user=self.get_option("remote_user"),
+            password=self.get_option("password"),
+            key_filename=self.get_option("private_key_file"),
+            look_for_keys=self.get_option("look_for_keys"),
+            connect_timeout=float(self.get_option("timeout")),
+            banner_timeout=float(self.get_option("banner_timeout")),
+            host_key_checking=self.get_option("host_key_checking"),
+            host_key_auto_add=bool(self.get_option("host_key_auto_add")),
+            record_host_keys=self.get_option("record_host_keys"),
+            known_hosts_file=self.get_option("known_hosts_file"),
+            lock_file_timeout=float(self.get_option("lock_file_timeout")),
+            proxy_command=self.get_option("proxy_command") or None,
+            use_rsa_sha2_algorithms=self.get_option("use_rsa_sha2_algorithms"),
+        )
+
+    # -- connection -----------------------------------------------------------
+    def _connect(self) -> Connection:
+        if self._connected and self._session is not None:
+            return self
+        settings = self._build_settings()
+        persist = int(self.get_option("control_persist"))
+        display.vvv("PCT_SSH CONNECT %s (control_persist=%s)" % (settings.host_label(), persist), host=self._host())
+        try:
+            if persist > 0:
+                start = settings.connect_timeout * 2 + settings.banner_timeout + 15
+                self._session = _pct_ssh.open_master(settings, self.get_option("control_path_dir"), persist, start)
+            else:
+                key = settings.cache_key()
+                cached = _DIRECT.get(key)
+                if cached is None or not cached.alive():
+                    cached = _DIRECT[key] = _pct_ssh.DirectSession(settings).connect()
+                self._session = cached
+        except _pct_ssh.SessionError as e:
+            raise self._failure(e, settings) from None
+        self._settings = settings
+        self._connected = True
+        return self
+
+    def _failure(self, e: _pct_ssh.SessionError, settings: t.Optional[_pct_ssh.Settings] = None) -> AnsibleError:
+        s = settings or self._settings or self._build_settings()
+        where = "the Proxmox VE host %s:%s" % (s.host, s.port)
+        if e.kind == "unreachable":
+            return AnsibleConnectionFailure(
+                "pct_ssh: cannot reach %s: %s. Check ansible_host/ansible_port and that sshd listens there." % (where, e.msg)
+            )
+        if e.kind == "auth":
+            return AnsibleAuthenticationFailure(
+                "pct_ssh: login to %s as %s failed (%s). Check ansible_user and ansible_ssh_private_key_file "
+                "(or ansible_password)." % (where, s.user or "(default user)", e.msg)
+            )
+        if e.kind in ("hostkey_unknown", "hostkey_mismatch"):
+            return AnsibleConnectionFailure("pct_ssh: %s" % e.msg)
+        return AnsibleConnectionFailure("pct_ssh: %s (%s)" % (e.msg, where))
+
+    def _run(self, line: str, stdin: t.Optional[bytes] = None, timeout: t.Optional[float] = None, **kw: t.Any) -> _pct_ssh.ExecResult:
+        """Run host shell text LINE; reconnect once if the connection had gone before it ran."""
+        self._connect()
+        timeout = float(timeout if timeout is not None else self.get_option("command_timeout"))
+        display.vvv("PCT_SSH EXEC %s" % line, host=self._host())
+        for attempt in (1, 2):
+            try:
+                return self._session.exec(line, stdin=stdin, timeout=timeout, pty=bool(self.get_option("pty")), **kw)
+            except _pct_ssh.SessionError as e:
+                if e.kind == "gone" and attempt == 1:
+                    self._connected = False
+                    self._session = None
+                    _DIRECT.pop(self._build_settings().cache_key(), None)
+                    self._connect()
+                    continue
+                raise self._failure(e) from None
+        raise AssertionError("unreachable")
+
+    def _diagnose(self, vmid: int, res: _pct_ssh.ExecResult) -> None:
+        """Raise the specific failure when pct or sudo (not the command) failed.
+
+        The command's own stderr could mimic pct's messages, so a suspicious
+        failure is confirmed with ``pct status`` before the container is blamed.
+        """
+        if _pct.classify_failure(to_text(res.stderr, errors="surrogate_or_replace")) is None:
+            return
+        status_line = _pct.quote(_pct.pct_argv("status", vmid, pct_path=self.get_option("pct_path"), prefix=self._prefix()))
+        st = self._run(status_line, timeout=60)
+        err = to_text(st.stderr, errors="surrogate_or_replace").strip()
+        if st.rc == 0:
+            try:
+                state = _pct.parse_status(to_text(st.stdout, errors="surrogate_or_replace"))
+            except _pct.PctError:
+                return
+            if state == "running":
+                return  # the command itself failed; its rc and output go back to Ansible
+            raise AnsibleConnectionFailure(
+                "pct_ssh: container %d on %s is %s. Start it first (`pct start %d` on the host, or the "
+                "gpuops.repurpose.proxmox_ct_exec module with ensure_running: true)." % (vmid, self._host(), state, vmid)
+            )
+        kind = _pct.classify_failure(err)
+        if kind == _pct.FAIL_SUDO:
+            raise AnsibleConnectionFailure(
+                "pct_ssh: host user %s may not run pct through %s without a password on %s (%s). Add the rule "
+                "`%s` (for example in /etc/sudoers.d/pct), or connect as root."
+                % (
+                    self._user(),
+                    self.get_option("proxmox_become_method"),
+                    self._host(),
+                    err.splitlines()[0] if err else "no output",
+                    _pct.missing_rule_hint(self._user(), self.get_option("proxmox_become_method"), self.get_option("pct_path")),
+                )
+            )
+        if kind == _pct.FAIL_MISSING:
+            node = None
+            vl = self._run("cat /etc/pve/.vmlist", timeout=30)
+            if vl.rc == 0:
+                node = _pct.parse_vmlist(to_text(vl.stdout, errors="surrogate_or_replace"), vmid)
+            where = (
+                "it is on cluster node %s: point ansible_host at that node" % node
+                if node
+                else "check proxmox_vmid against `pct list`, or whether it lives on another cluster node"
+            )
+            raise AnsibleConnectionFailure("pct_ssh: container %d does not exist on %s (%s); %s." % (vmid, self._host(), err, where))
+        if kind == _pct.FAIL_PCT_NOT_FOUND:
+            raise AnsibleConnectionFailure(
+                "pct_ssh: %s cannot run %s (%s). Is %s a Proxmox VE host? Set proxmox_pct_path if pct lives elsewhere."
+                % (self._host(), self.get_option("pct_path"), err, self._host())
+            )
+        if kind == _pct.FAIL_NOT_ROOT:
+            raise AnsibleConnectionFailure(
+                "pct_ssh: pct refused host user %s on %s (%s). Connect as root or set proxmox_become_method." % (self._user(), self._host(), err)
+            )
+
+    def _pct(self, argv: t.List[str], what: str, vmid: int, **kw: t.Any) -> _pct_ssh.ExecResult:
+        res = self._run(_pct.quote(argv), **kw)
+        if res.timed_out:
+            raise AnsibleError("pct_ssh: %s in container %d did not finish within command_timeout=%ss" % (what, vmid, self.get_option("command_timeout")))
+        if res.rc != 0:
+            self._diagnose(vmid, res)
+            raise AnsibleError(
+                "pct_ssh: %s in container %d failed (rc %s): %s" % (what, vmid, res.rc, to_text(res.stderr or res.stdout, errors="surrogate_or_replace").strip())
+            )
+        return res
+
+    # -- ConnectionBase API ------------------------------------------------------
+    def exec_command(self, cmd: str, in_data: t.Optional[bytes] = None, sudoable: bool = True) -> t.Tuple[int, bytes, bytes]:
+        super().exec_command(cmd, in_data=in_data, sudoable=sudoable)
+        if sudoable and self.become and self.become.expect_prompt():
+            raise AnsibleError(
+                "pct_ssh: become with a password inside the container is not supported. pct exec already runs as the "
+                "container's root, so become_user works without become_password (sudo/su as root need none)."
+            )
+        vmid = self._vmid()
+        try:
+            argv = _pct.shell_exec_argv(
+                vmid, cmd, keep_env=self.get_option("keep_env"), pct_path=self.get_option("pct_path"), prefix=self._prefix()
+            )
+        except _pct.PctError as e:
+            raise AnsibleError("pct_ssh: %s" % e)
+        res = self._run(_pct.quote(argv), stdin=in_data)
+        if res.timed_out:
+            raise AnsibleError(
+                "pct_ssh: command in container %d on %s did not finish within command_timeout=%ss; the channel was closed. "
+                "Raise ansible_pct_ssh_command_timeout or run the task with async. Command: %s"
+                % (vmid, self._host(), self.get_option("command_timeout"), cmd[:200])
+            )
+        if res.rc != 0:
+            self._diagnose(vmid, res)
+        stderr = res.stderr
+        if res.signalled:
+            stderr += b"\npct_ssh: the command was killed by a signal (the SSH server reported no exit status)\n"
+        return res.rc, res.stdout, stderr
+
+    def put_file(self, in_path: str, out_path: str) -> None:
+        super().put_file(in_path, out_path)
+        display.vvv("PCT_SSH PUT %s TO %s" % (in_path, out_path), host=self._host())
+        if not os.path.exists(to_bytes(in_path, errors="surrogate_or_strict")):
+            raise AnsibleFileNotFound("file or module does not exist: %s" % in_path)
+        vmid = self._vmid()
+        method = self.get_option("transfer_method")
+        if method != "cat":
+            try:
+                self._put_sftp(vmid, in_path, out_path)
+                return
+            except _pct_ssh.SessionError as e:
+                if e.kind != "sftp_unavailable" or method == "sftp":
+                    raise self._failure(e) from None
+                display.vvv("PCT_SSH no SFTP on the host (%s): streaming through cat" % e.msg, host=self._host())
+        argv = _pct.exec_argv(vmid, ["/bin/sh", "-c", 'cat > "$1"', "sh", out_path], pct_path=self.get_option("pct_path"), prefix=self._prefix())
+        self._pct(argv, "writing %s" % out_path, vmid, stdin_path=in_path)
+
+    def _put_sftp(self, vmid: int, in_path: str, out_path: str) -> None:
+        self._connect()
+        tmpdir = self._session.mkdtemp()
+        try:
+            tmp = tmpdir + "/file"
+            self._session.put(in_path, tmp)
+            perms = stat.S_IMODE(os.stat(in_path).st_mode)
+            argv = _pct.push_argv(vmid, tmp, out_path, perms=perms, pct_path=self.get_option("pct_path"), prefix=self._prefix())
+            self._pct(argv, "pct push to %s" % out_path, vmid)
+        finally:
+            self._cleanup(tmpdir)
+
+    def _cleanup(self, tmpdir: str) -> None:
+        try:
+            self._session.rmtree(tmpdir)
+        except _pct_ssh.SessionError as e:
+            display.warning("pct_ssh: could not remove the temporary directory %s on %s: %s" % (tmpdir, self._host(), e.msg))
+
+    def fetch_file(self, in_path: str, out_path: str) -> None:
+        super().fetch_file(in_path, out_path)
+        display.vvv("PCT_SSH FETCH %s TO %s" % (in_path, out_path), host=self._host())
+        vmid = self._vmid()
+        method = self.get_option("transfer_method")
+        if method != "cat":
+            try:
+                self._fetch_sftp(vmid, in_path, out_path)
+                return
+            except _pct_ssh.SessionError as e:
+                if e.kind != "sftp_unavailable" or method == "sftp":
+                    raise self._failure(e) from None
+                display.vvv("PCT_SSH no SFTP on the host (%s): streaming through cat" % e.msg, host=self._host())
+        argv = _pct.exec_argv(vmid, ["cat", "--", in_path], pct_path=self.get_option("pct_path"), prefix=self._prefix())
+        self._pct(argv, "reading %s" % in_path, vmid, stdout_path=out_path)
+
+    def _fetch_sftp(self, vmid: int, in_path: str, out_path: str) -> None:
+        self._connect()
+        tmpdir = self._session.mkdtemp()
+        try:
+            tmp = tmpdir + "/file"
+            user = None if self._user() == "root" else self._user()  # so the SFTP login can read what root pulled
+            argv = _pct.pull_argv(vmid, in_path, tmp, user=user, pct_path=self.get_option("pct_path"), prefix=self._prefix())
+            self._pct(argv, "pct pull of %s" % in_path, vmid)
+            self._session.get(tmp, out_path)
+        finally:
+            self._cleanup(tmpdir)
+
+    def reset(self) -> None:
+        """End the shared connection (``meta: reset_connection``); the next task opens a fresh one."""
+        settings = self._build_settings()
+        _pct_ssh.MasterClient(_pct_ssh.control_path(settings, self.get_option("control_path_dir"))).stop()
+        direct = _DIRECT.pop(settings.cache_key(), None)
+        if direct is not None:
+            direct.close()
+        self._session = None
+        self._connected = False
+
+    def close(self) -> None:
+        # the shared connection outlives the task on purpose (control_persist)
+        self._session = None
+        self._connected = False

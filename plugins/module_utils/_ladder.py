@@ -1,0 +1,471 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The stop-verify-kill ladder: rungs, pidfd signalling, bounded exit waits, progress grace.
+
+This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
+time. Standard library only (it runs on targets, py>=3.9). It never touches
+AnsibleModule; bad input raises :class:`LadderError` naming the option.
+
+How a process is held: before the first signal every snapshot member gets a
+pidfd (``os.pidfd_open``) and its start time is read *after* opening; a
+mismatch means the PID was reused, so that pidfd is dropped and the member is
+counted as gone. From then on signals go through ``signal.pidfd_send_signal``
+(the kernel refuses to signal anything else, so PID reuse cannot hit a
+stranger) and exits are awaited with ``select.poll`` on the pidfds: the kernel
+wakes us the moment a thread group has exited (a zombie counts as gone; a
+zombie *leader* with live threads does not, and neither does the kernel). Where
+pidfds are missing (kernel < 5.3, python < 3.9, seccomp) the fallback re-checks
+the start time before each ``kill`` and polls ``/proc`` every 20 ms.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    parse_stat,
+    read_process,
+    read_starttime,
+    read_wchan,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
+
+UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+TARGETS = ("launcher", "all")
+FALLBACK_POLL = 0.02
+PROGRESS_SAMPLE = 0.5
+PROGRESS_MAX_FILES = 10000
+
+
+class LadderError(Exception):
+    """Bad ladder input; the message names the option and the fix."""
+
+
+@dataclass(frozen=True)
+class Rung:
+    signal: int
+    timeout: float
+    via: str | None = None  # "tmux": the keystroke rung
+    to: str = "all"  # "launcher": the roots' process groups and terminal foreground group; "all": every member
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name
+
+    def describe(self) -> str:
+        how = "Ctrl-C via tmux" if self.via == "tmux" else "%s to %s" % (self.name, "the launcher" if self.to == "launcher" else "every process")
+        return "%s, wait %gs" % (how, self.timeout)
+
+
+def parse_signal(value: t.Any, option: str = "ladder") -> int:
+    """SIGINT, INT, sigint, 2 and "2" all name signal 2."""
+    if isinstance(value, bool):
+        value = None
+    if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
+        number = int(value)
+        try:
+            signal.Signals(number)
+        except ValueError:
+            raise LadderError("%s: %r is not a signal number on this system; use a name like SIGINT, SIGTERM or SIGKILL" % (option, value)) from None
+    elif isinstance(value, str) and value.strip():
+        name = value.strip().upper()
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        try:
+            number = int(getattr(signal.Signals, name))
+        except AttributeError:
+            raise LadderError("%s: unknown signal %r; use a name like SIGINT, SIGTERM or SIGKILL (or INT, 2)" % (option, value)) from None
+    else:
+        raise LadderError("%s: signal must be a name like SIGINT or a number, got %r" % (option, value))
+    if number in (signal.SIGSTOP, signal.SIGCONT, signal.SIGTSTP):
+        raise LadderError("%s: %s does not stop a process; use SIGINT, SIGTERM or SIGKILL" % (option, signal.Signals(number).name))
+    return number
+
+
+def _timeout(value: t.Any, option: str) -> float:
+    if isinstance(value, bool):
+        raise LadderError("%s: timeout must be a number of seconds, got %r" % (option, value))
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise LadderError("%s: timeout must be a number of seconds, got %r" % (option, value)) from None
+    if not number >= 0 or number == float("inf"):
+        raise LadderError("%s: timeout must be a finite number of seconds >= 0, got %r" % (option, value))
+    return number
+
+
+def default_ladder(tmux: bool, kill_timeout: float) -> list[Rung]:
+    """Ctrl-C (tmux) or SIGINT to the launcher for 45 s (torchrun's own teardown is 30 s), SIGTERM all 30 s, SIGKILL."""
+    return [
+        Rung(signal.SIGINT, 45.0, via="tmux" if tmux else None, to="launcher"),
+        Rung(signal.SIGTERM, 30.0, to="all"),
+        Rung(signal.SIGKILL, kill_timeout, to="all"),
+    ]
+
+
+def parse_ladder(raw: t.Any, *, tmux: bool, kill_timeout: float) -> list[Rung]:
+    """Validate the ``ladder`` option; None gives :func:`default_ladder`."""
+    if raw is None:
+        return default_ladder(tmux, kill_timeout)
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise LadderError("ladder: must be a non-empty list of rungs like {signal: SIGTERM, timeout: 30}; omit it for the default ladder")
+    rungs = []
+    for index, item in enumerate(raw):
+        where = "ladder[%d]" % index
+        if not isinstance(item, dict):
+            raise LadderError("%s: each rung must be a dict like {signal: SIGTERM, timeout: 30}, got %r" % (where, item))
+        unknown = sorted(set(item) - {"signal", "timeout", "via", "to"})
+        if unknown:
+            raise LadderError("%s: unknown key(s) %s; a rung has signal, timeout, and optionally via (tmux) and to (launcher|all)" % (where, ", ".join(unknown)))
+        if "signal" not in item or "timeout" not in item:
+            raise LadderError("%s: a rung needs both signal and timeout, got %r" % (where, item))
+        sig = parse_signal(item["signal"], where + ".signal")
+        timeout = _timeout(item["timeout"], where + ".timeout")
+        via = item.get("via")
+        if via not in (None, "tmux"):
+            raise LadderError("%s.via: only 'tmux' is supported, got %r" % (where, via))
+        if via == "tmux":
+            if not tmux:
+                raise LadderError("%s.via: tmux needs tmux_session to be set; set it or drop 'via'" % where)
+            if sig != signal.SIGINT:
+                raise LadderError("%s.via: tmux sends Ctrl-C, so its signal must be SIGINT, got %s" % (where, signal.Signals(sig).name))
+        to = item.get("to")
+        if to is None:
+            # Ctrl-C semantics for SIGINT (torchrun passes it on itself), everything for the rest
+            to = "launcher" if sig == signal.SIGINT else "all"
+        if to not in TARGETS:
+            raise LadderError("%s.to: must be 'launcher' or 'all', got %r" % (where, to))
+        if sig == signal.SIGKILL:
+            timeout = min(timeout, kill_timeout)
+        rungs.append(Rung(sig, timeout, via, to))
+    return rungs
+
+
+# ---------------------------------------------------------------- progress
+
+def progress_signature(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> frozenset:
+    """(path, size, mtime_ns) of every file under ``paths`` (bounded): a change means progress."""
+    seen: set[tuple[str, int, int]] = set()
+    stack = list(paths)
+    while stack and len(seen) < limit:
+        path = stack.pop()
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            continue
+        seen.add((path, st.st_size, st.st_mtime_ns))
+        if os.path.isdir(path) and not os.path.islink(path):
+            try:
+                stack.extend(os.path.join(path, name) for name in os.listdir(path))
+            except OSError:
+                continue
+    return frozenset(seen)
+
+
+# ---------------------------------------------------------------- process handles
+
+def pidfd_supported() -> bool:
+    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+        return False
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def _thread_group_gone(pid: int, starttime: int, proc_root: str) -> bool:
+    """Polling view of 'exited': gone, reused, or a zombie with no live thread."""
+    try:
+        with open("%s/%d/stat" % (proc_root, pid), encoding="utf-8", errors="replace") as handle:
+            stat = parse_stat(handle.read())
+    except (OSError, ValueError):
+        return True
+    if stat.starttime != starttime:
+        return True
+    if stat.state not in ("Z", "X"):
+        return False
+    try:
+        tids = os.listdir("%s/%d/task" % (proc_root, pid))
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            with open("%s/%d/task/%s/stat" % (proc_root, pid, tid), encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        if text[text.rfind(")") + 2:].split()[:1] not in (["Z"], ["X"]):
+            return False
+    return True
+
+
+@dataclass
+class Handle:
+    """One snapshot member held for signalling and waiting."""
+
+    pid: int
+    starttime: int
+    depth: int
+    pgid: int
+    fd: int | None = None
+    exited_at: float | None = None
+
+
+class ProcessSet:
+    """The held snapshot: signal members and wait for them, by pidfd when possible."""
+
+    def __init__(self, use_pidfd: bool | None = None, proc_root: str = "/proc", clock: t.Callable[[], float] = time.monotonic) -> None:
+        self.use_pidfd = pidfd_supported() if use_pidfd is None else use_pidfd
+        self.proc_root = proc_root
+        self.clock = clock
+        self.handles: dict[int, Handle] = {}
+        self._poller = select.poll() if self.use_pidfd else None
+        self._by_fd: dict[int, Handle] = {}
+
+    def add(self, pid: int, starttime: int, depth: int, pgid: int) -> bool:
+        """Hold ``pid`` if it is still the process seen in the snapshot; False when it is gone or reused."""
+        if pid in self.handles:
+            return True
+        handle = Handle(pid, starttime, depth, pgid)
+        if self.use_pidfd:
+            try:
+                handle.fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                return False
+            # read the start time only after the pidfd exists: the fd now pins *this* process
+            if _thread_group_gone(pid, starttime, self.proc_root):
+                os.close(handle.fd)
+                return False
+            self._poller.register(handle.fd, select.POLLIN)
+            self._by_fd[handle.fd] = handle
+        elif _thread_group_gone(pid, starttime, self.proc_root):
+            return False
+        self.handles[pid] = handle
+        return True
+
+    def live(self) -> list[Handle]:
+        return sorted((h for h in self.handles.values() if h.exited_at is None), key=lambda h: (h.depth, h.pid))
+
+    def _mark_gone(self, handle: Handle) -> None:
+        if handle.exited_at is None:
+            handle.exited_at = self.clock()
+        if handle.fd is not None:
+            self._poller.unregister(handle.fd)
+            del self._by_fd[handle.fd]
+            os.close(handle.fd)
+            handle.fd = None
+
+    def send(self, handle: Handle, signum: int) -> bool:
+        """Signal one member; False when it had already exited (never an error)."""
+        if handle.exited_at is not None:
+            return False
+        try:
+            if handle.fd is not None:
+                signal.pidfd_send_signal(handle.fd, signum)
+            else:
+                if read_starttime(handle.pid, self.proc_root) != handle.starttime:
+                    self._mark_gone(handle)
+                    return False
+                os.kill(handle.pid, signum)
+        except ProcessLookupError:
+            self._mark_gone(handle)
+            return False
+        return True
+
+    def reap_ready(self, timeout: float) -> list[int]:
+        """Wait up to ``timeout`` seconds for any exit; return the pids that exited."""
+        gone = []
+        if self.use_pidfd:
+            if not self._by_fd:
+                return gone
+            events = self._poller.poll(max(0, int(timeout * 1000 + 0.999)))
+            for fd, _mask in events:
+                handle = self._by_fd.get(fd)
+                if handle is not None:
+                    self._mark_gone(handle)
+                    gone.append(handle.pid)
+            return gone
+        for handle in self.live():
+            if _thread_group_gone(handle.pid, handle.starttime, self.proc_root):
+                self._mark_gone(handle)
+                gone.append(handle.pid)
+        if not gone and self.live() and timeout > 0:
+            time.sleep(min(timeout, FALLBACK_POLL))
+        return gone
+
+    def close(self) -> None:
+        for handle in self.handles.values():
+            if handle.fd is not None:
+                self._poller.unregister(handle.fd)
+                del self._by_fd[handle.fd]
+                os.close(handle.fd)
+                handle.fd = None
+
+
+# ---------------------------------------------------------------- the ladder
+
+@dataclass
+class RungReport:
+    signal: str
+    via: str | None
+    to: str
+    timeout: float
+    targets: list[t.Any] = field(default_factory=list)
+    sent_at: float = 0.0
+    waited: float = 0.0
+    extended_by: float = 0.0
+    exited: list[int] = field(default_factory=list)
+    already_gone: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    remaining: int = 0
+
+    def as_dict(self) -> dict[str, t.Any]:
+        return {
+            "signal": self.signal, "via": self.via, "to": self.to, "timeout": self.timeout,
+            "targets": self.targets, "sent_at": round(self.sent_at, 4), "waited": round(self.waited, 4),
+            "extended_by": round(self.extended_by, 4), "exited": self.exited, "already_gone": self.already_gone,
+            "errors": self.errors, "remaining": self.remaining,
+        }
+
+
+@dataclass
+class LadderResult:
+    rungs: list[RungReport]
+    stopped_by: int | None  # index of the rung after which nothing was left
+    survivors: list[int]
+    late_children: list[int]
+    signalled: bool
+
+
+def launcher_targets(handles: t.Sequence[Handle], root_pgids: t.Iterable[int]) -> list[Handle]:
+    """What Ctrl-C in the job's terminal would reach: the roots and their (foreground) process groups."""
+    groups = set(root_pgids)
+    return [h for h in handles if h.depth == 0 or h.pgid in groups]
+
+
+def run_ladder(
+    rungs: t.Sequence[Rung],
+    procs: ProcessSet,
+    *,
+    root_pgids: t.Iterable[int],
+    send_keys: t.Callable[[], tuple[list[str], list[str]]] | None = None,
+    progress_paths: t.Sequence[str] = (),
+    progress_stall: float = 10.0,
+    max_grace: float = 600.0,
+    find_children: t.Callable[[t.Collection[int]], list[tuple[int, int, int]]] | None = None,
+    started: float | None = None,
+) -> LadderResult:
+    """Climb the ladder until every held process is gone or the rungs run out.
+
+    ``send_keys`` performs the tmux keystroke and returns (panes, errors).
+    ``find_children(live_pids)`` returns (pid, starttime, pgid) of processes
+    born to live members since the snapshot; they join before each later rung.
+    Each rung waits until its timeout, and past it only while a file under
+    ``progress_paths`` changed within ``progress_stall`` seconds, never past
+    ``max_grace`` from the rung's start (SIGKILL rungs never extend).
+    """
+    clock = procs.clock
+    t0 = clock() if started is None else started
+    root_pgids = set(root_pgids)
+    reports: list[RungReport] = []
+    late: list[int] = []
+    stopped_by = None
+    signalled = False
+    for index, rung in enumerate(rungs):
+        if not procs.live():
+            break
+        if index > 0 and find_children is not None:
+            for pid, starttime, pgid in find_children([h.pid for h in procs.live()]):
+                if procs.add(pid, starttime, max(h.depth for h in procs.handles.values()) + 1, pgid):
+                    late.append(pid)
+        report = RungReport(rung.name, rung.via, rung.to, rung.timeout)
+        reports.append(report)
+        report.sent_at = clock() - t0
+        baseline = progress_signature(progress_paths) if progress_paths and rung.signal != signal.SIGKILL else None
+        if rung.via == "tmux" and send_keys is not None:
+            panes, errors = send_keys()
+            report.targets = panes
+            report.errors.extend(errors)
+            signalled = signalled or bool(panes)
+        else:
+            live = procs.live()
+            targets = launcher_targets(live, root_pgids) if rung.to == "launcher" else live
+            for handle in targets:  # depth order: the launcher before (or with) its workers
+                if procs.send(handle, rung.signal):
+                    report.targets.append(handle.pid)
+                    signalled = True
+                else:
+                    report.already_gone.append(handle.pid)
+            if rung.signal not in UNCATCHABLE:
+                # a stopped process cannot act on the signal it was just sent
+                for handle in targets:
+                    procs.send(handle, signal.SIGCONT)
+        rung_start = clock()
+        deadline = Deadline(rung.timeout, clock=clock)
+        cap = rung_start + max(max_grace, rung.timeout)
+        last_change = None
+        next_sample = rung_start + PROGRESS_SAMPLE
+        while procs.live():
+            now = clock()
+            if baseline is not None and now >= next_sample:
+                current = progress_signature(progress_paths)
+                if current != baseline:
+                    baseline = current
+                    last_change = now
+                next_sample = now + PROGRESS_SAMPLE
+            if deadline.expired():
+                if last_change is None or now - last_change > progress_stall or now >= cap:
+                    break
+                # progress: a checkpoint is still being written, so this rung keeps waiting
+                deadline.extend_to(min(cap, last_change + progress_stall))
+            wait = deadline.remaining()
+            if baseline is not None:
+                wait = min(wait, max(0.0, next_sample - now))
+            report.exited.extend(procs.reap_ready(wait))
+        report.waited = clock() - rung_start
+        report.extended_by = max(0.0, deadline.timeout - rung.timeout)
+        report.remaining = len(procs.live())
+        if not procs.live():
+            stopped_by = index
+            break
+    return LadderResult(reports, stopped_by, [h.pid for h in procs.live()], late, signalled)
+
+
+def describe_process(pid: int, proc_root: str = "/proc") -> dict[str, t.Any]:
+    """State, wchan and command line of a survivor (for the 'unkillable' report)."""
+    info = read_process(pid, proc_root)
+    if info is None:
+        return {"pid": pid, "state": "gone", "wchan": "", "cmdline": ""}
+    return {"pid": pid, "ppid": info.ppid, "state": info.state, "wchan": read_wchan(pid, proc_root),
+            "cmdline": info.command, "uid": info.uid}
+
+
+def stat_children(parents: t.Collection[int], proc_root: str = "/proc") -> list[tuple[int, int, int]]:
+    """(pid, starttime, pgid) of every process whose parent is in ``parents`` (a light /proc scan)."""
+    wanted = set(parents)
+    found: list[tuple[int, int, int]] = []
+    frontier = True
+    while frontier:
+        frontier = False
+        for name in os.listdir(proc_root):
+            if not name.isdigit() or int(name) in wanted:
+                continue
+            try:
+                with open("%s/%s/stat" % (proc_root, name), encoding="utf-8", errors="replace") as handle:
+                    stat = parse_stat(handle.read())
+            except (OSError, ValueError):
+                continue
+            if stat.ppid in wanted and stat.state not in ("Z", "X"):
+                wanted.add(stat.pid)
+                found.append((stat.pid, stat.starttime, stat.pgid))
+                frontier = True
+    return found

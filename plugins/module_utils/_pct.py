@@ -1,0 +1,287 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The one ``pct`` command builder, shared by the ``pct_ssh`` connection plugin and
+the ``proxmox_ct_exec`` module.
+
+This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
+time. Standard library only (it runs on targets, py>=3.9). Everything here is a
+pure function: it validates, builds argv lists and quotes them exactly once for
+the host shell with ``shlex.join``; it never runs anything. Bad input raises
+``PctError`` with a message that names the option and the fix.
+
+Why argv lists: ``pct exec`` hands its arguments to ``lxc-attach`` without a
+shell, so the only shell that ever parses our text is the PVE host's login shell
+(when the command travels over SSH). Quoting once for that shell, and never
+joining with spaces, is what keeps ``200; reboot`` a (rejected) VMID and a
+command with quotes, ``$``, backticks or newlines intact.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import typing as t
+
+VMID_MIN = 100
+VMID_MAX = 999999999
+DEFAULT_PCT_PATH = "/usr/sbin/pct"
+DEFAULT_SHELL = "/bin/sh"
+
+# `pct push/pull --user/--group` take a name or a numeric id
+_OWNER_RE = re.compile(r"^(?:[0-9]+|[A-Za-z_][A-Za-z0-9_.-]*\$?)$")
+_PERMS_RE = re.compile(r"^0?[0-7]{3,4}$")
+_STATUS_RE = re.compile(r"^status:\s*(\S+)\s*$", re.MULTILINE)
+
+# become methods whose non-interactive flag we know; anything else is taken as
+# a literal command prefix (the user then owns its non-interactivity)
+_BECOME_PREFIXES: t.Dict[str, t.List[str]] = {
+    "sudo": ["sudo", "-n"],
+    "doas": ["doas", "-n"],
+    "none": [],
+}
+
+
+class PctError(ValueError):
+    """Invalid input for a ``pct`` command (bad VMID, empty argv, ...)."""
+
+
+def validate_vmid(value: t.Any, option: str = "vmid") -> int:
+    """Return VALUE as an int VMID in 100..999999999, or raise ``PctError``.
+
+    Accepts an int or a string of decimal digits (inventory values are often
+    strings); anything else, including ``"200; reboot"``, ``True`` and ``200.0``,
+    is refused before any command is built.
+    """
+    if isinstance(value, bool):
+        raise PctError("%s must be an integer VMID between %d and %d, got a boolean %r" % (option, VMID_MIN, VMID_MAX, value))
+    if isinstance(value, int):
+        vmid = value
+    elif isinstance(value, str) and re.fullmatch(r"[0-9]{1,10}", value.strip()):
+        vmid = int(value.strip())
+    else:
+        raise PctError(
+            "%s must be an integer VMID between %d and %d (the number in `pct list`), got %r" % (option, VMID_MIN, VMID_MAX, value)
+        )
+    if not VMID_MIN <= vmid <= VMID_MAX:
+        raise PctError("%s must be between %d and %d (Proxmox VMID range), got %d" % (option, VMID_MIN, VMID_MAX, vmid))
+    return vmid
+
+
+def _check_argv(argv: t.Sequence[t.Any], option: str) -> t.List[str]:
+    if isinstance(argv, (str, bytes)):
+        raise PctError("%s must be a list of strings (one per argument), got a single string" % option)
+    out = []
+    for i, arg in enumerate(argv):
+        if not isinstance(arg, str):
+            raise PctError("%s[%d] must be a string, got %s %r" % (option, i, type(arg).__name__, arg))
+        if "\x00" in arg:
+            raise PctError("%s[%d] contains a NUL byte, which no program argument can carry" % (option, i))
+        out.append(arg)
+    if not out:
+        raise PctError("%s must not be empty: give the program to run as its first element" % option)
+    return out
+
+
+def _check_path(path: t.Any, option: str) -> str:
+    if not isinstance(path, str) or not path:
+        raise PctError("%s must be a non-empty path string, got %r" % (option, path))
+    if "\x00" in path:
+        raise PctError("%s contains a NUL byte" % option)
+    return path
+
+
+def become_prefix(host_user: t.Optional[str], method: str = "sudo") -> t.List[str]:
+    """The argv prefix that lets HOST_USER run ``pct`` without a prompt.
+
+    root needs none. ``sudo``/``doas`` get ``-n`` so a missing rule fails at once
+    instead of waiting for a password; ``none`` means the user may run pct as is;
+    any other value is split as a literal command prefix.
+    """
+    if host_user in (None, "", "root"):
+        return []
+    if not isinstance(method, str) or not method.strip():
+        raise PctError("pct_become_method must be a non-empty string such as 'sudo', 'doas' or 'none'")
+    known = _BECOME_PREFIXES.get(method.strip())
+    if known is not None:
+        return list(known)
+    return shlex.split(method)
+
+
+def missing_rule_hint(host_user: str, method: str = "sudo", pct_path: str = DEFAULT_PCT_PATH) -> str:
+    """The sudoers/doas line a non-root HOST_USER needs; used in error messages."""
+    if method.strip() == "doas":
+        return "permit nopass %s as root cmd %s" % (host_user, pct_path)
+    return "%s ALL=(root) NOPASSWD: %s" % (host_user, pct_path)
+
+
+def pct_argv(
+    sub: str,
+    vmid: t.Any,
+    *args: str,
+    pct_path: str = DEFAULT_PCT_PATH,
+    prefix: t.Sequence[str] = (),
+) -> t.List[str]:
+    """``[prefix...] pct SUB VMID args...`` for the simple subcommands (status, start, config...)."""
+    if sub not in ("status", "start", "stop", "shutdown", "reboot", "config", "push", "pull", "exec"):
+        raise PctError("unsupported pct subcommand %r" % sub)
+    return list(prefix) + [_check_path(pct_path, "pct_path"), sub, str(validate_vmid(vmid))] + list(args)
+
+
+def exec_argv(
+    vmid: t.Any,
+    argv: t.Sequence[str],
+    keep_env: t.Optional[bool] = None,
+    pct_path: str = DEFAULT_PCT_PATH,
+    prefix: t.Sequence[str] = (),
+) -> t.List[str]:
+    """``[prefix...] pct exec VMID [--keep-env 0|1] -- ARGV...``.
+
+    ``keep_env`` None leaves pct's own default (which differs between PVE
+    releases); True/False pins it.
+    """
+    argv = _check_argv(argv, "argv")
+    opts: t.List[str] = []
+    if keep_env is not None:
+        opts = ["--keep-env", "1" if keep_env else "0"]
+    return pct_argv("exec", vmid, *opts, "--", *argv, pct_path=pct_path, prefix=prefix)
+
+
+def shell_exec_argv(
+    vmid: t.Any,
+    command: str,
+    shell: str = DEFAULT_SHELL,
+    keep_env: t.Optional[bool] = None,
+    pct_path: str = DEFAULT_PCT_PATH,
+    prefix: t.Sequence[str] = (),
+) -> t.List[str]:
+    """``pct exec VMID -- SHELL -c COMMAND``: COMMAND is shell text for the container's shell."""
+    if not isinstance(command, str):
+        raise PctError("command must be a string, got %s" % type(command).__name__)
+    return exec_argv(vmid, [_check_path(shell, "shell"), "-c", command], keep_env=keep_env, pct_path=pct_path, prefix=prefix)
+
+
+def _format_perms(perms: t.Any) -> str:
+    if isinstance(perms, bool):
+        raise PctError("perms must be an octal mode like '0644', got %r" % perms)
+    if isinstance(perms, int):
+        if not 0 <= perms <= 0o7777:
+            raise PctError("perms must be between 0 and 07777, got %o" % perms)
+        return "%04o" % perms
+    if isinstance(perms, str) and _PERMS_RE.match(perms):
+        return perms if len(perms) == 4 else "0" + perms
+    raise PctError("perms must be an octal mode like '0644', got %r" % (perms,))
+
+
+def _owner_opts(user: t.Any, group: t.Any, perms: t.Any) -> t.List[str]:
+    opts: t.List[str] = []
+    for name, value in (("user", user), ("group", group)):
+        if value is None:
+            continue
+        value = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+        if not isinstance(value, str) or not _OWNER_RE.match(value):
+            raise PctError("%s must be a user/group name or numeric id, got %r" % (name, value))
+        opts += ["--" + name, value]
+    if perms is not None:
+        opts += ["--perms", _format_perms(perms)]
+    return opts
+
+
+def push_argv(
+    vmid: t.Any,
+    host_path: str,
+    ct_path: str,
+    user: t.Any = None,
+    group: t.Any = None,
+    perms: t.Any = None,
+    pct_path: str = DEFAULT_PCT_PATH,
+    prefix: t.Sequence[str] = (),
+) -> t.List[str]:
+    """``pct push VMID HOST_PATH CT_PATH [--user U] [--group G] [--perms MODE]``."""
+    return pct_argv(
+        "push",
+        vmid,
+        _check_path(host_path, "host_path"),
+        _check_path(ct_path, "ct_path"),
+        *_owner_opts(user, group, perms),
+        pct_path=pct_path,
+        prefix=prefix,
+    )
+
+
+def pull_argv(
+    vmid: t.Any,
+    ct_path: str,
+    host_path: str,
+    user: t.Any = None,
+    group: t.Any = None,
+    perms: t.Any = None,
+    pct_path: str = DEFAULT_PCT_PATH,
+    prefix: t.Sequence[str] = (),
+) -> t.List[str]:
+    """``pct pull VMID CT_PATH HOST_PATH [--user U] [--group G] [--perms MODE]`` (owner on the host side)."""
+    return pct_argv(
+        "pull",
+        vmid,
+        _check_path(ct_path, "ct_path"),
+        _check_path(host_path, "host_path"),
+        *_owner_opts(user, group, perms),
+        pct_path=pct_path,
+        prefix=prefix,
+    )
+
+
+def quote(argv: t.Sequence[str]) -> str:
+    """Quote ARGV once for a POSIX shell (the PVE host's login shell)."""
+    return shlex.join(list(argv))
+
+
+def parse_status(text: str) -> str:
+    """``status: running`` -> ``running``; raise ``PctError`` on anything else."""
+    m = _STATUS_RE.search(text or "")
+    if not m:
+        raise PctError("unexpected `pct status` output: %r" % (text,))
+    return m.group(1)
+
+
+# Classes of pct/sudo failures that the callers turn into their own messages.
+FAIL_STOPPED = "stopped"
+FAIL_MISSING = "missing"
+FAIL_SUDO = "sudo"
+FAIL_PCT_NOT_FOUND = "pct_not_found"
+FAIL_NOT_ROOT = "not_root"
+
+
+def classify_failure(stderr: str) -> t.Optional[str]:
+    """Recognise pct's and sudo's own error messages in STDERR (the first lines).
+
+    Only a hint: the command inside the container can print anything, so callers
+    confirm with ``pct status`` before they blame the container.
+    """
+    text = stderr or ""
+    low = text.lower()
+    if re.search(r"\bCT \d+ not running\b", text) or "container is not running" in low or "is not running" in low:
+        return FAIL_STOPPED
+    if re.search(r"Configuration file '[^']*/\d+\.conf' does not exist", text) or "does not exist" in low and "conf" in low:
+        return FAIL_MISSING
+    if "a password is required" in low or "a terminal is required" in low or "is not allowed to execute" in low or "not in the sudoers" in low:
+        return FAIL_SUDO
+    if re.search(r"\b(pct|sudo|doas):( command)? not found|\bpct: No such file", text):
+        return FAIL_PCT_NOT_FOUND
+    if "must be root" in low or "only root can" in low or "permission denied" in low and "pct" in low:
+        return FAIL_NOT_ROOT
+    return None
+
+
+def parse_vmlist(text: str, vmid: int) -> t.Optional[str]:
+    """The node that owns VMID according to PVE's ``/etc/pve/.vmlist`` JSON, or None."""
+    try:
+        data = json.loads(text)
+        entry = data.get("ids", {}).get(str(vmid))
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(entry, dict) and isinstance(entry.get("node"), str):
+        return entry["node"]
+    return None

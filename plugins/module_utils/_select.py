@@ -1,0 +1,490 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Which processes are "the job": selection, tree snapshot, never-select rules, broad-match refusal.
+
+This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
+time. Standard library only (it runs on targets, py>=3.9). It never signals
+anything. The decisions are pure functions over a process table (a dict
+``pid -> ProcessInfo`` from ``_proc``); only :func:`read_table`,
+:func:`tmux_panes` and :func:`read_pid_file` touch the system. Bad input
+raises :class:`SelectError` whose message names the option and the fix.
+
+The tree rule (``closure``)
+    From the roots, a process belongs to the job when its parent does (ppid
+    link), or when it sits in a process group or session *led* by a job
+    process (pgid or sid equal to a job PID). The second link keeps
+    descendants whose parent died and who were reparented (they keep their
+    group and session), while never pulling in the shell or login session a
+    job merely runs *inside* (that session is led by a process outside the
+    job). torchrun's workers, each in its own session, are reached by ppid.
+
+The broad-match rule (``job_groups`` / ``broad_match_reason``)
+    The processes ``match`` hits are joined into groups: a hit joins the
+    group of its nearest hit ancestor, and of any hit that leads its process
+    group or session. One group is one job. Several groups are still one job
+    only when every group's top process runs the same program (interpreter
+    scripts are compared by script, ``python -m X`` by module) as the same
+    user *and* has the same parent: that is what the workers of one dead
+    launcher look like after being reparented to one reaper. Anything else
+    (a ``python`` regex that also hits a networkd-dispatcher-like daemon, or
+    an editor with the training script in its arguments) is refused, with
+    the list of groups, unless ``allow_broad_match``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import typing as t
+from dataclasses import dataclass, replace
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    ProcessInfo,
+    ancestors_of,
+    container_vmid_from_cgroup,
+    iter_processes,
+)
+
+INTERPRETERS = re.compile(r"^(?:python[0-9.]*|pypy[0-9.]*|bash|sh|dash|zsh|perl|ruby|node|env|uv|conda)$")
+# interpreter options that consume the next argument (python -W x, -X y; bash -o x)
+_OPTS_WITH_ARG = frozenset(("-W", "-X", "-o", "-O", "--rcfile", "--init-file"))
+
+
+class SelectError(Exception):
+    """Bad selection input (names the option and the fix), or a refused selection."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """One process of the job snapshot."""
+
+    info: ProcessInfo
+    how: str  # pids | pid_file | match | tmux_session | container | child | group | session | late_child
+    depth: int  # 0 for a root; a launcher is always signalled before deeper members
+
+    @property
+    def pid(self) -> int:
+        return self.info.pid
+
+
+@dataclass(frozen=True)
+class Pane:
+    pane_id: str
+    pid: int
+
+
+# ---------------------------------------------------------------- system readers
+
+def _task_states(pid: int, proc_root: str) -> list[str]:
+    states = []
+    try:
+        tids = os.listdir("%s/%d/task" % (proc_root, pid))
+    except OSError:
+        return states
+    for tid in tids:
+        try:
+            with open("%s/%d/task/%s/stat" % (proc_root, pid, tid), encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        rest = text[text.rfind(")") + 2:].split()
+        if rest:
+            states.append(rest[0])
+    return states
+
+
+def has_live_thread(pid: int, proc_root: str = "/proc") -> bool:
+    """True when any thread of ``pid`` is not a zombie: a ``Z`` leader may still be a live process."""
+    return any(state not in ("Z", "X") for state in _task_states(pid, proc_root))
+
+
+def _live_thread_cmdline(pid: int, proc_root: str) -> tuple[str, ...]:
+    """A zombie leader's own cmdline reads empty; a live thread still shows the process's."""
+    try:
+        tids = os.listdir("%s/%d/task" % (proc_root, pid))
+    except OSError:
+        return ()
+    for tid in tids:
+        try:
+            with open("%s/%d/task/%s/cmdline" % (proc_root, pid, tid), "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            continue
+        if raw:
+            parts = raw.rstrip(b"\0").split(b"\0")
+            return tuple(p.decode("utf-8", "surrogateescape") for p in parts)
+    return ()
+
+
+def read_table(proc_root: str = "/proc") -> dict[int, ProcessInfo]:
+    """Every live process. True zombies (no live thread) are left out: they are already gone."""
+    table: dict[int, ProcessInfo] = {}
+    for info in iter_processes(proc_root):
+        if info.state in ("Z", "X"):
+            if not has_live_thread(info.pid, proc_root):
+                continue
+            if not info.cmdline:
+                info = replace(info, cmdline=_live_thread_cmdline(info.pid, proc_root))
+        table[info.pid] = info
+    return table
+
+
+def read_pid_file(path: str) -> tuple[int | None, float | None]:
+    """(pid, mtime) from a pid file; (None, None) when it does not exist.
+
+    A file that exists but cannot be read or does not hold one positive
+    integer is bad input.
+    """
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(4096)
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        raise SelectError("pid_file: cannot read %s (%s); give a readable file or use pids" % (path, exc.strerror or exc)) from exc
+    return parse_pid_file(text, path), mtime
+
+
+def parse_pid_file(text: str, path: str = "pid file") -> int:
+    words = text.split()
+    if len(words) != 1 or not words[0].isdigit() or int(words[0]) <= 0:
+        raise SelectError("pid_file: %s must hold one positive PID, found %r; fix the file or use pids" % (path, text[:40]))
+    return int(words[0])
+
+
+def read_tpgid(pid: int, proc_root: str = "/proc") -> int:
+    """The foreground process group of ``pid``'s terminal (0 or -1 without one): what Ctrl-C reaches."""
+    try:
+        with open("%s/%d/stat" % (proc_root, pid), encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+        return int(text[text.rfind(")") + 2:].split()[5])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def boot_time(proc_root: str = "/proc") -> float:
+    with open(proc_root + "/stat", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise SelectError("no btime in %s/stat" % proc_root)
+
+
+def started_after(info: ProcessInfo, wall_time: float, proc_root: str = "/proc", slack: float = 1.0) -> bool:
+    """Did ``info`` start after ``wall_time``? (Then it cannot have written a pid file then: PID reuse.)"""
+    ticks = os.sysconf("SC_CLK_TCK")
+    return boot_time(proc_root) + info.starttime / ticks > wall_time + slack
+
+
+def tmux_list_panes_argv(session: str, socket: str | None = None, tmux: str = "tmux") -> list[str]:
+    # "=NAME" is an exact session match: plain "-t dflash" would also accept "dflash-eval"
+    argv = [tmux]
+    if socket:
+        argv += ["-S", socket]
+    return argv + ["list-panes", "-s", "-t", "=" + session, "-F", "#{pane_id} #{pane_pid}"]
+
+
+def tmux_send_keys_argv(pane_id: str, keys: str = "C-c", socket: str | None = None, tmux: str = "tmux") -> list[str]:
+    argv = [tmux]
+    if socket:
+        argv += ["-S", socket]
+    return argv + ["send-keys", "-t", pane_id, keys]
+
+
+def parse_panes(text: str) -> list[Pane]:
+    panes = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0].startswith("%") and words[1].isdigit():
+            panes.append(Pane(words[0], int(words[1])))
+    return panes
+
+
+def tmux_panes(session: str, socket: str | None = None, timeout: float = 10.0) -> tuple[list[Pane], str]:
+    """The panes of ``session`` and a note; a missing tmux, server or session is no panes, not an error."""
+    argv = tmux_list_panes_argv(session, socket)
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return [], "tmux is not installed: no session %r" % session
+    except subprocess.TimeoutExpired:
+        raise SelectError("tmux_session: 'tmux list-panes' did not answer within %ss; check the tmux server" % timeout) from None
+    if done.returncode != 0:
+        return [], "no tmux session %r (%s)" % (session, done.stderr.decode(errors="replace").strip())
+    return parse_panes(done.stdout.decode(errors="replace")), ""
+
+
+# ---------------------------------------------------------------- pure rules
+
+def compile_regex(option: str, pattern: str) -> t.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise SelectError("%s: %r is not a valid regular expression (%s); fix the pattern (Python re syntax)" % (option, pattern, exc)) from None
+
+
+def command_of(info: ProcessInfo) -> str:
+    return " ".join(info.cmdline)
+
+
+def program_of(cmdline: t.Sequence[str]) -> str:
+    """What a command line runs: the script for interpreters, ``-m`` module names, else argv[0]'s name."""
+    if not cmdline:
+        return ""
+    name = os.path.basename(cmdline[0])
+    if not INTERPRETERS.match(name):
+        return name
+    args = list(cmdline[1:])
+    while args:
+        word = args.pop(0)
+        if word in ("-m", "-c"):
+            return "%s %s" % (word, args[0] if args and word == "-m" else "")
+        if word in _OPTS_WITH_ARG:
+            if args:
+                args.pop(0)
+            continue
+        if word.startswith("-") or (name == "env" and "=" in word):
+            continue
+        if name in ("env", "uv", "conda"):
+            return program_of([word] + args)
+        return word
+    return name
+
+
+def protected_pids(table: t.Mapping[int, ProcessInfo], self_pid: int, ancestors: t.Iterable[int]) -> set[int]:
+    """PID 1, the caller and its ancestors, and every container's init (PID 1 in its namespace)."""
+    protected = {1, self_pid}
+    protected.update(ancestors)
+    protected.update(pid for pid, info in table.items() if info.nspid and info.nspid[-1] == 1)
+    return protected
+
+
+def eligible(info: ProcessInfo, protected: t.Container[int], excludes: t.Sequence[t.Pattern[str]], container: int | None) -> bool:
+    """The never-select rules, and the ``container`` scope."""
+    if info.pid in protected or info.is_kernel_thread or info.pid <= 0:
+        return False
+    command = command_of(info)
+    if any(regex.search(command) for regex in excludes):
+        return False
+    if container is not None and container_vmid_from_cgroup(info.cgroup) != container:
+        return False
+    return True
+
+
+def closure(roots: t.Mapping[int, str], table: t.Mapping[int, ProcessInfo], allowed: t.Callable[[ProcessInfo], bool]) -> dict[int, Member]:
+    """The roots and everything that belongs to them (see the module docstring), breadth first."""
+    children: dict[int, list[int]] = {}
+    by_pgid: dict[int, list[int]] = {}
+    by_sid: dict[int, list[int]] = {}
+    for pid, info in table.items():
+        children.setdefault(info.ppid, []).append(pid)
+        by_pgid.setdefault(info.pgid, []).append(pid)
+        by_sid.setdefault(info.sid, []).append(pid)
+    members: dict[int, Member] = {}
+    queue: list[int] = []
+    for pid, how in roots.items():
+        info = table.get(pid)
+        if info is not None and allowed(info):
+            members[pid] = Member(info, how, 0)
+            queue.append(pid)
+    while queue:
+        parent = members[queue.pop(0)]
+        linked = [(pid, "child") for pid in children.get(parent.pid, ())]
+        if parent.info.pgid == parent.pid:
+            linked += [(pid, "group") for pid in by_pgid.get(parent.pid, ())]
+        if parent.info.sid == parent.pid:
+            linked += [(pid, "session") for pid in by_sid.get(parent.pid, ())]
+        for pid, how in linked:
+            if pid in members:
+                continue
+            info = table[pid]
+            if allowed(info):
+                members[pid] = Member(info, how, parent.depth + 1)
+                queue.append(pid)
+    return members
+
+
+def top_of(pids: t.Iterable[int], table: t.Mapping[int, ProcessInfo]) -> list[int]:
+    """The pids that have no ancestor in ``pids`` (the launchers of a set of hits)."""
+    chosen = set(pids)
+    tops = []
+    for pid in sorted(chosen):
+        seen = {pid}
+        current = table[pid].ppid
+        while current in table and current not in seen:
+            if current in chosen:
+                break
+            seen.add(current)
+            current = table[current].ppid
+        else:
+            tops.append(pid)
+    return tops
+
+
+def job_groups(hits: t.Iterable[int], table: t.Mapping[int, ProcessInfo]) -> list[list[int]]:
+    """Split ``hits`` into connected groups (ancestry, or a hit leading another's group/session)."""
+    hits = sorted(set(hits))
+    parent = {pid: pid for pid in hits}
+
+    def find(pid: int) -> int:
+        while parent[pid] != pid:
+            parent[pid] = parent[parent[pid]]
+            pid = parent[pid]
+        return pid
+
+    def union(a: int, b: int) -> None:
+        parent[find(a)] = find(b)
+
+    for pid in hits:
+        info = table[pid]
+        for leader in (info.pgid, info.sid):
+            if leader in parent and leader != pid:
+                union(pid, leader)
+        seen = {pid}
+        current = info.ppid
+        while current in table and current not in seen:
+            if current in parent:
+                union(pid, current)
+                break
+            seen.add(current)
+            current = table[current].ppid
+    groups: dict[int, list[int]] = {}
+    for pid in hits:
+        groups.setdefault(find(pid), []).append(pid)
+    return sorted(groups.values())
+
+
+def broad_match_reason(groups: t.Sequence[t.Sequence[int]], table: t.Mapping[int, ProcessInfo]) -> str:
+    """'' when the groups are one job, else a message that lists what the match would hit."""
+    if len(groups) <= 1:
+        return ""
+    tops = [top_of(group, table)[0] for group in groups]
+    keys = {(program_of(table[pid].cmdline), table[pid].uid, table[pid].ppid) for pid in tops}
+    if len(keys) == 1:
+        return ""
+    lines = []
+    for top, group in zip(tops, groups):
+        info = table[top]
+        lines.append("pid %d (%d process%s, program %s, uid %s, parent %d): %s" % (
+            top, len(group), "" if len(group) == 1 else "es", program_of(info.cmdline) or "?", info.uid, info.ppid,
+            command_of(info)[:200]))
+    return ("match hits %d unrelated process groups, not one job:\n  %s\n"
+            "Make the regex specific to the job (e.g. the script path and a unique argument), add 'exclude' "
+            "patterns, select with pids/pid_file/tmux_session, or set allow_broad_match: true if all of these "
+            "must stop." % (len(groups), "\n  ".join(lines)))
+
+
+@dataclass
+class Selection:
+    members: dict[int, Member]
+    panes: list[Pane]
+    notes: list[str]
+    refused: str = ""
+
+
+def select(
+    *,
+    table: t.Mapping[int, ProcessInfo],
+    self_pid: int,
+    ancestors: t.Iterable[int],
+    pids: t.Sequence[int] = (),
+    pid_file_pid: int | None = None,
+    match: t.Pattern[str] | None = None,
+    panes: t.Sequence[Pane] = (),
+    container: int | None = None,
+    excludes: t.Sequence[t.Pattern[str]] = (),
+    allow_broad_match: bool = False,
+) -> Selection:
+    """Pure: roots from every selector, the tree closure, the never-select rules and the broad-match rule.
+
+    ``container`` alone (no other selector) selects everything in the
+    container except its init, which the broad-match rule refuses unless
+    allowed.
+    """
+    protected = protected_pids(table, self_pid, ancestors)
+    notes: list[str] = []
+    for option, values in (("pids", list(pids)), ("pid_file", [pid_file_pid] if pid_file_pid else [])):
+        for pid in values:
+            if pid in protected:
+                raise SelectError("%s: %d is %s and is never signalled; remove it" % (
+                    option, pid, "PID 1" if pid == 1 else "this module's own process or one of its ancestors"
+                    if pid not in table or not table[pid].nspid or table[pid].nspid[-1] != 1 else "a container's init"))
+
+    def allowed(info: ProcessInfo) -> bool:
+        return eligible(info, protected, excludes, container)
+
+    roots: dict[int, str] = {}
+    for pid in pids:
+        if pid in table:
+            roots.setdefault(pid, "pids")
+        else:
+            notes.append("pids: %d is not running" % pid)
+    if pid_file_pid is not None:
+        if pid_file_pid in table:
+            roots.setdefault(pid_file_pid, "pid_file")
+        else:
+            notes.append("pid_file: pid %d is not running" % pid_file_pid)
+    for pane in panes:
+        if pane.pid in table:
+            roots.setdefault(pane.pid, "tmux_session")
+    refused = ""
+    hits: list[int] = []
+    if match is not None or (container is not None and not (pids or pid_file_pid or panes)):
+        hits = [pid for pid, info in table.items() if allowed(info) and (match is None or match.search(command_of(info)))]
+        groups = job_groups(hits, table)
+        if not allow_broad_match:
+            refused = broad_match_reason(groups, table)
+        how = "match" if match is not None else "container"
+        for pid in top_of(hits, table):
+            roots.setdefault(pid, how)
+    members = closure(roots, table, allowed)
+    for pid in hits:
+        if pid in members and members[pid].how in ("child", "group", "session"):
+            members[pid] = replace(members[pid], how="match" if match is not None else "container")
+    return Selection(members, list(panes), notes, refused)
+
+
+def snapshot(
+    *,
+    pids: t.Sequence[int] = (),
+    pid_file: str | None = None,
+    match: str | None = None,
+    tmux_session: str | None = None,
+    tmux_socket: str | None = None,
+    container: int | None = None,
+    exclude: t.Sequence[str] = (),
+    allow_broad_match: bool = False,
+    proc_root: str = "/proc",
+) -> Selection:
+    """Read the system and select (the only impure entry point besides the readers)."""
+    regex = compile_regex("match", match) if match is not None else None
+    excludes = [compile_regex("exclude", pattern) for pattern in exclude]
+    notes: list[str] = []
+    pid_file_pid = None
+    file_mtime = None
+    if pid_file:
+        pid_file_pid, file_mtime = read_pid_file(pid_file)
+        if pid_file_pid is None:
+            notes.append("pid_file: %s does not exist: nothing selected from it" % pid_file)
+    panes: list[Pane] = []
+    if tmux_session:
+        panes, note = tmux_panes(tmux_session, tmux_socket)
+        if note:
+            notes.append(note)
+    self_pid = os.getpid()
+    table = read_table(proc_root)
+    if pid_file_pid is not None and pid_file_pid in table and file_mtime is not None \
+            and started_after(table[pid_file_pid], file_mtime, proc_root):
+        notes.append("pid_file: pid %d started after %s was written: PID reused, not selected" % (pid_file_pid, pid_file))
+        pid_file_pid = None
+    selection = select(
+        table=table, self_pid=self_pid, ancestors=ancestors_of(self_pid, proc_root), pids=pids,
+        pid_file_pid=pid_file_pid, match=regex, panes=panes, container=container, excludes=excludes,
+        allow_broad_match=allow_broad_match,
+    )
+    selection.notes[:0] = notes
+    return selection

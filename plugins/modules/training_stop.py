@@ -1,0 +1,439 @@
+#!/usr/bin/python
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: training_stop
+short_description: Stop a training job with a bounded stop-verify-kill ladder
+version_added: 0.1.0
+description:
+  - Selects one training job (a torchrun-like launcher and all its workers) and stops it by climbing a
+    ladder of signals, judging every rung only by whether the processes have exited.
+  - Before the first signal it snapshots the whole process tree of the selected roots (PID plus start
+    time), including workers in other sessions and process groups, and holds every process by a pidfd,
+    so a reused PID can never be signalled.
+  - The default ladder is Ctrl-C through tmux (with I(tmux_session)) or SIGINT to the launcher, 45 s;
+    then SIGTERM to every process of the snapshot, 30 s; then SIGKILL, I(kill_timeout). SIGCONT follows
+    every catchable signal, so a stopped process can act on it.
+  - While files under I(progress_paths) keep changing (a checkpoint being written), a rung keeps waiting
+    past its timeout, up to I(max_grace).
+  - Never signals PID 1, a container's init, this module's own process or its ancestors, kernel threads,
+    or anything matching I(exclude). A I(match) that hits several unrelated jobs is refused unless
+    I(allow_broad_match=true).
+  - Every wait is bounded. Processes that survive SIGKILL for I(kill_timeout) are reported as
+    RV(unkillable) with state and wchan, and the module fails (the host needs attention).
+  - Runs inside the container (for example through M(gpuops.repurpose.pct_ssh)) or on the Proxmox VE
+    host scoped with I(container). Needs only the Python standard library on the target.
+author:
+  - gpuops.repurpose contributors
+attributes:
+  check_mode:
+    support: full
+    details: Reports the selection and the plan (RV(plan)); sends nothing.
+  diff_mode:
+    support: full
+    details: Shows the selected running processes before and those left after.
+  idempotent:
+    support: full
+    details: Once the job is gone nothing is selected and RV(changed) is false.
+  platform:
+    platforms: [posix]
+    support: full
+    details: Linux only (reads C(/proc)). pidfds need Linux 5.3 and Python 3.9; older systems fall back to 20 ms polling.
+options:
+  pids:
+    description:
+      - PIDs of the job's roots (usually the launcher). PIDs that are not running are ignored.
+      - PID 1, this module's process and its ancestors are refused.
+    type: list
+    elements: int
+  pid_file:
+    description:
+      - A file holding the launcher's PID.
+      - A missing file selects nothing (the job is gone). An unreadable file or one that does not hold
+        one PID is an error. A process that started after the file was written is a reused PID and is
+        not selected.
+    type: path
+  match:
+    description:
+      - A Python regular expression searched in each process's full command line (arguments joined by
+        spaces). The topmost hits become the roots.
+      - If the hits form several unrelated process trees (different programs, users or parents; for
+        example V(python) on a host running networkd-dispatcher, or an editor with the training script
+        open) the module fails listing them, unless I(allow_broad_match=true). Several trees of the same
+        program, user and parent count as one job (the reparented workers of a dead launcher).
+    type: str
+  tmux_session:
+    description:
+      - Name of a tmux session (exact match); every process tree under its panes is selected.
+      - A missing session or tmux server selects nothing (not an error).
+      - Enables the V(via=tmux) rung, which sends Ctrl-C to each pane.
+      - Cannot be combined with I(container): the container's tmux server is not reachable from the host.
+    type: str
+  tmux_socket:
+    description:
+      - Path of the tmux server socket (C(tmux -S)), when the session is not on the default server of the
+        user the module runs as.
+    type: path
+  container:
+    description:
+      - VMID of a Proxmox VE / LXC container. When the module runs on the host, only processes whose cgroup
+        belongs to this container are considered, for every selector.
+      - Alone it selects everything in the container but its init, which the broad-match rule refuses unless
+        I(allow_broad_match=true).
+    type: int
+  exclude:
+    description:
+      - Regular expressions; a process whose command line matches any of them is never selected.
+    type: list
+    elements: str
+    default: []
+  allow_broad_match:
+    description:
+      - Stop everything I(match) hits even when the hits are several unrelated jobs.
+    type: bool
+    default: false
+  ladder:
+    description:
+      - The rungs, in order. Each is a dict with C(signal) (name like V(SIGINT), V(INT) or number),
+        C(timeout) (seconds >= 0), optional C(via=tmux) (Ctrl-C to every pane of I(tmux_session);
+        signal must be SIGINT) and optional C(to) (V(launcher) - the roots and their process groups,
+        what Ctrl-C in their terminal reaches - or V(all) - every process of the snapshot, launchers
+        first). C(to) defaults to V(launcher) for SIGINT and V(all) otherwise.
+      - A SIGKILL rung waits at most I(kill_timeout).
+      - Default C([{signal: SIGINT, timeout: 45, via: tmux}, {signal: SIGTERM, timeout: 30}, {signal: SIGKILL, timeout: 10}])
+        (without C(via) when I(tmux_session) is unset).
+    type: list
+    elements: dict
+  progress_paths:
+    description:
+      - Files or directories (searched recursively, up to 10000 entries) whose size or modification time
+        changing means the job is still making progress, typically the checkpoint directory.
+      - While they changed within I(progress_stall) seconds, a rung other than SIGKILL waits past its timeout,
+        up to I(max_grace) after the rung started.
+    type: list
+    elements: path
+    default: []
+  progress_stall:
+    description:
+      - Seconds without any change under I(progress_paths) after which the job counts as no longer progressing.
+    type: float
+    default: 10
+  max_grace:
+    description:
+      - Longest a rung may wait, in seconds from when it was sent, while progress is seen.
+    type: float
+    default: 600
+  kill_timeout:
+    description:
+      - Longest wait for processes to vanish after SIGKILL. Survivors are then reported as unkillable.
+    type: float
+    default: 10
+notes:
+  - The keystroke rung is never trusted on its own; a C(^C) in a pane proves nothing. Success is judged only
+    by the processes exiting (zombies count as exited; a zombie leader whose threads still run does not).
+  - The launcher is always signalled before or with its workers, so a respawning launcher cannot restart them.
+  - Processes the job starts after the snapshot (children of its live members) join before each later rung.
+seealso:
+  - module: gpuops.repurpose.gpu_free_wait
+  - role: gpuops.repurpose.stop_training
+"""
+
+EXAMPLES = r"""
+- name: Stop the DFlash training in tmux session dflash, never losing the checkpoint being written
+  gpuops.repurpose.training_stop:
+    tmux_session: dflash
+    progress_paths:
+      - /data/ckpt/dflash
+
+- name: Only look (check mode prints the selection and the plan)
+  gpuops.repurpose.training_stop:
+    match: 'torchrun .*train_dflash\.py'
+  check_mode: true
+
+- name: Last rung from the Proxmox VE host, scoped to CT 200
+  gpuops.repurpose.training_stop:
+    container: 200
+    match: 'train_dflash\.py'
+    exclude:
+      - '^(vim|nano|less) '
+    ladder:
+      - {signal: SIGTERM, timeout: 20}
+      - {signal: SIGKILL, timeout: 10}
+
+- name: A custom ladder
+  gpuops.repurpose.training_stop:
+    pid_file: /run/train/launcher.pid
+    ladder:
+      - {signal: INT, timeout: 60}
+      - {signal: SIGTERM, timeout: 30, to: all}
+      - {signal: 9, timeout: 5}
+  register: stop
+
+- name: Say which rung it took
+  ansible.builtin.debug:
+    msg: "stopped by {{ stop.stopped_by }} after {{ stop.elapsed }} s"
+"""
+
+RETURN = r"""
+selected:
+  description: The snapshot taken before the first signal, launchers first.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {pid: 32244, ppid: 3012, pgid: 32244, sid: 3012, uid: 0, user: root, starttime: 912345, depth: 0,
+       state: S, how: tmux_session, cmdline: "python3 -m torch.distributed.run --nproc-per-node 8 train.py"}
+  contains:
+    how:
+      description: >-
+        Why it was selected: C(pids), C(pid_file), C(match), C(tmux_session), C(container) for roots and hits;
+        C(child), C(group), C(session) for members reached from them.
+      type: str
+      returned: always
+plan:
+  description: The rungs that would be (or were) climbed, as text.
+  returned: always
+  type: list
+  elements: str
+  sample: ["Ctrl-C via tmux, wait 45s", "SIGTERM to every process, wait 30s", "SIGKILL to every process, wait 10s"]
+rungs:
+  description: One entry per rung climbed, with the signal, targets (PIDs, or tmux pane ids), when it was sent
+    (seconds since the module started), how long it waited, how much of that came from progress, and which PIDs exited.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - {signal: SIGINT, via: tmux, to: launcher, timeout: 45, targets: ["%0"], sent_at: 0.012, waited: 3.51,
+       extended_by: 0, exited: [32244, 32250], already_gone: [], errors: [], remaining: 0}
+stopped_by:
+  description: The rung after which no selected process was left, as C(SIGNAL) or C(SIGINT via tmux); null when nothing
+    was selected or processes survived.
+  returned: always
+  type: str
+  sample: SIGTERM
+stopped_by_index:
+  description: Index in the ladder of RV(stopped_by).
+  returned: always
+  type: int
+  sample: 1
+survivors:
+  description: PIDs still running when the ladder ended (empty on success).
+  returned: always
+  type: list
+  elements: int
+unkillable:
+  description: Processes that survived SIGKILL for I(kill_timeout), with state, wchan and command line.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 4242, ppid: 1, state: D, wchan: nv_wait_event, cmdline: "python3 train.py", uid: 0}]
+late_children:
+  description: PIDs born to the job after the snapshot and stopped with it.
+  returned: always
+  type: list
+  elements: int
+notes:
+  description: Things worth knowing about the selection (missing tmux session, PIDs not running, a reused PID).
+  returned: always
+  type: list
+  elements: str
+pidfd:
+  description: Whether processes were held by pidfds (false means the polling fallback was used).
+  returned: always
+  type: bool
+elapsed:
+  description: Seconds the module took.
+  returned: always
+  type: float
+  sample: 3.62
+"""
+
+import os
+import pwd
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
+    LadderError,
+    ProcessSet,
+    describe_process,
+    parse_ladder,
+    run_ladder,
+    stat_children,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
+    SelectError,
+    command_of,
+    read_tpgid,
+    snapshot,
+    tmux_panes,
+    tmux_send_keys_argv,
+)
+
+SELECTORS = ["pids", "pid_file", "match", "tmux_session", "container"]
+
+
+def _user(uid):
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def _member_dict(member):
+    info = member.info
+    return {
+        "pid": info.pid, "ppid": info.ppid, "pgid": info.pgid, "sid": info.sid, "uid": info.uid,
+        "user": _user(info.uid), "starttime": info.starttime, "state": info.state, "depth": member.depth,
+        "how": member.how, "cmdline": command_of(info) or "[%s]" % info.comm,
+    }
+
+
+def _diff_lines(entries):
+    return "".join("%d %s\n" % (e["pid"], e["cmdline"]) for e in entries)
+
+
+def _check_numbers(module):
+    for option in ("max_grace", "kill_timeout", "progress_stall"):
+        value = module.params[option]
+        if value is None or not value >= 0 or value == float("inf"):
+            module.fail_json(msg="%s: must be a finite number of seconds >= 0, got %r" % (option, value))
+    for pid in module.params["pids"] or []:
+        if pid <= 0:
+            module.fail_json(msg="pids: %r is not a PID; give positive integers" % pid)
+    if module.params["container"] is not None and module.params["container"] < 100:
+        module.fail_json(msg="container: %r is not a Proxmox VMID (100 or more)" % module.params["container"])
+    if module.params["tmux_session"] is not None and not module.params["tmux_session"].strip():
+        module.fail_json(msg="tmux_session: must be a session name, got an empty string")
+
+
+def main():
+    started = time.monotonic()
+    module = AnsibleModule(
+        argument_spec=dict(
+            pids=dict(type="list", elements="int"),
+            pid_file=dict(type="path"),
+            match=dict(type="str"),
+            tmux_session=dict(type="str"),
+            tmux_socket=dict(type="path"),
+            container=dict(type="int"),
+            exclude=dict(type="list", elements="str", default=[]),
+            allow_broad_match=dict(type="bool", default=False),
+            ladder=dict(type="list", elements="dict"),
+            progress_paths=dict(type="list", elements="path", default=[]),
+            progress_stall=dict(type="float", default=10.0),
+            max_grace=dict(type="float", default=600.0),
+            kill_timeout=dict(type="float", default=10.0),
+        ),
+        required_one_of=[SELECTORS],
+        mutually_exclusive=[["tmux_session", "container"]],
+        supports_check_mode=True,
+    )
+    params = module.params
+    result = dict(changed=False, selected=[], plan=[], rungs=[], stopped_by=None, stopped_by_index=None,
+                  survivors=[], unkillable=[], late_children=[], notes=[], pidfd=False, elapsed=0.0)
+
+    def finish(failed_msg=None):
+        result["elapsed"] = round(time.monotonic() - started, 4)
+        if failed_msg:
+            module.fail_json(msg=failed_msg, **result)
+        module.exit_json(**result)
+
+    _check_numbers(module)
+    try:
+        rungs = parse_ladder(params["ladder"], tmux=bool(params["tmux_session"]), kill_timeout=params["kill_timeout"])
+        selection = snapshot(
+            pids=params["pids"] or [], pid_file=params["pid_file"], match=params["match"],
+            tmux_session=params["tmux_session"], tmux_socket=params["tmux_socket"], container=params["container"],
+            exclude=params["exclude"], allow_broad_match=params["allow_broad_match"],
+        )
+    except (LadderError, SelectError) as exc:
+        module.fail_json(msg=str(exc), **result)
+    result["plan"] = [rung.describe() for rung in rungs]
+    result["notes"] = selection.notes
+    members = sorted(selection.members.values(), key=lambda m: (m.depth, m.pid))
+    result["selected"] = [_member_dict(m) for m in members]
+    if selection.refused:
+        finish(selection.refused)
+    if not members:
+        finish()
+    if module._diff:
+        result["diff"] = dict(before=_diff_lines(result["selected"]), after="")
+    if module.check_mode:
+        result["changed"] = True
+        finish()
+
+    roots = [m for m in members if m.depth == 0]
+    root_pgids = {m.info.pgid for m in roots}
+    for m in roots:
+        tpgid = read_tpgid(m.pid)
+        if tpgid > 0 and any(o.info.pgid == tpgid for o in members):
+            root_pgids.add(tpgid)
+
+    procs = ProcessSet()
+    result["pidfd"] = procs.use_pidfd
+    for m in members:
+        procs.add(m.pid, m.info.starttime, m.depth, m.info.pgid)
+
+    def send_keys():
+        # panes are listed again: a pane may have closed since the snapshot
+        panes, note = tmux_panes(params["tmux_session"], params["tmux_socket"])
+        sent, errors = [], [note] if note else []
+        for pane in panes:
+            argv = tmux_send_keys_argv(pane.pane_id, "C-c", params["tmux_socket"])
+            try:
+                done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                errors.append("%s: %s" % (pane.pane_id, exc))
+                continue
+            if done.returncode == 0:
+                sent.append(pane.pane_id)
+            else:
+                errors.append("%s: %s" % (pane.pane_id, done.stderr.decode(errors="replace").strip()))
+        return sent, errors
+
+    try:
+        outcome = run_ladder(
+            rungs, procs, root_pgids=root_pgids, send_keys=send_keys, progress_paths=params["progress_paths"],
+            progress_stall=params["progress_stall"], max_grace=params["max_grace"], find_children=stat_children,
+            started=started,
+        )
+    finally:
+        procs.close()
+    result["changed"] = outcome.signalled
+    result["rungs"] = [r.as_dict() for r in outcome.rungs]
+    result["late_children"] = outcome.late_children
+    if outcome.stopped_by is not None:
+        rung = rungs[outcome.stopped_by]
+        result["stopped_by"] = rung.name + (" via tmux" if rung.via == "tmux" else "")
+        result["stopped_by_index"] = outcome.stopped_by
+    elif not outcome.rungs:
+        result["notes"].append("every selected process exited before the first signal")
+    result["survivors"] = outcome.survivors
+    if module._diff:
+        left = [e for e in result["selected"] if e["pid"] in set(outcome.survivors)]
+        result["diff"] = dict(before=_diff_lines(result["selected"]), after=_diff_lines(left))
+    if outcome.survivors:
+        details = [describe_process(pid) for pid in outcome.survivors]
+        killed = any(r.signal == "SIGKILL" for r in outcome.rungs)
+        if killed:
+            result["unkillable"] = details
+            finish("%d process(es) survived SIGKILL for %ss (kill_timeout); the host needs attention "
+                   "(processes stuck in the kernel, e.g. in the GPU driver): %s" % (
+                       len(details), params["kill_timeout"],
+                       "; ".join("pid %(pid)s state %(state)s wchan %(wchan)s: %(cmdline)s" % d for d in details)))
+        finish("the ladder ended with %d process(es) still running (%s); add a SIGKILL rung or longer timeouts" % (
+            len(details), ", ".join(str(d["pid"]) for d in details)))
+    finish()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,700 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""SSH sessions to a Proxmox VE host for the ``pct_ssh`` connection plugin.
+
+This is a PRIVATE plugin_utils of gpuops.repurpose; its API may change at any
+time. It runs on the controller only. It imports nothing from Ansible or from
+the collection, so the same file also runs as a script: the *control master*
+(``python _pct_ssh.py --serve``), which keeps one paramiko connection per PVE
+host open across tasks, the way OpenSSH's ControlPersist does.
+
+Why a control master: Ansible forks a fresh worker process for every task, so
+a connection cached in the plugin dies with the task. The master holds the SSH
+transport; a worker talks to it over a private unix socket and pays neither
+the SSH handshake nor the paramiko import (about 0.2 s per task together).
+
+Two implementations of one small interface (``exec``, ``mkdtemp``, ``put``,
+``get``, ``rmtree``, ``close``): ``DirectSession`` (paramiko, in this process)
+and ``MasterClient`` (the same calls, answered by the master). Failures raise
+``SessionError`` with a ``kind`` the plugin turns into its own messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import typing as t
+
+CHUNK = 1024 * 1024  # file transfer block: bounded memory for any file size
+KINDS = (
+    "unreachable",  # TCP/banner level: host down, wrong port, DNS
+    "auth",  # login refused
+    "hostkey_unknown",  # not in known_hosts and not allowed to add it
+    "hostkey_mismatch",  # known_hosts has a different key: possible MITM
+    "sftp_unavailable",  # no SFTP subsystem on the host: use the cat fallback
+    "transfer",  # an SFTP read/write failed
+    "master",  # the control master could not be started or reached
+    "gone",  # the connection broke before the request ran: safe to retry
+    "config",  # bad settings
+)
+
+
+class SessionError(Exception):
+    """A failure talking to the PVE host; ``kind`` is one of ``KINDS``."""
+
+    def __init__(self, kind: str, msg: str) -> None:
+        super().__init__(msg)
+        self.kind = kind
+        self.msg = msg
+
+
+@dataclasses.dataclass
+class Settings:
+    """Everything needed to open the SSH connection (not what runs over it)."""
+
+    host: str
+    port: int = 22
+    user: t.Optional[str] = None
+    password: t.Optional[str] = None
+    key_filename: t.Optional[str] = None
+    look_for_keys: bool = True
+    connect_timeout: float = 10.0
+    banner_timeout: float = 30.0
+    host_key_checking: bool = True
+    host_key_auto_add: bool = False
+    record_host_keys: bool = True
+    known_hosts_file: str = "~/.ssh/known_hosts"
+    lock_file_timeout: float = 60.0
+    proxy_command: t.Optional[str] = None
+    use_rsa_sha2_algorithms: bool = True
+    keepalive: int = 15
+
+    def cache_key(self) -> str:
+        """A stable name for 'the same connection' (secrets only as a digest)."""
+        raw = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:20]
+
+    def host_label(self) -> str:
+        return "%s@%s:%d" % (self.user or "(default user)", self.host, self.port)
+
+
+@dataclasses.dataclass
+class ExecResult:
+    rc: int
+    stdout: bytes
+    stderr: bytes
+    timed_out: bool = False
+    signalled: bool = False  # the server sent no exit status: killed by a signal
+
+
+def known_hosts_name(host: str, port: int) -> str:
+    """The host name as OpenSSH writes it in known_hosts."""
+    return host if port == 22 else "[%s]:%d" % (host, port)
+
+
+def fingerprint_sha256(key: t.Any) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+def _append_known_host(path: str, line: str, timeout: float) -> None:
+    """Append one known_hosts line under an exclusive lock (bounded wait)."""
+    path = os.path.expanduser(path)
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise SessionError("config", "could not lock %s within lock_file_timeout=%ss" % (path, timeout))
+                time.sleep(0.05)
+        try:
+            with open(path, "a") as fh:
+                fh.write(line + "\n")
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class DirectSession:
+    """A paramiko SSH connection in this process."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.client: t.Any = None
+
+    # -- connection ---------------------------------------------------------
+    def connect(self) -> DirectSession:
+        try:
+            import paramiko
+        except ImportError as e:
+            raise SessionError("config", "the pct_ssh connection needs the Python library paramiko: %s" % e)
+
+        s = self.settings
+        client = paramiko.SSHClient()
+        if s.host_key_checking:
+            for path in ("/etc/ssh/ssh_known_hosts", s.known_hosts_file):
+                path = os.path.expanduser(path)
+                if os.path.exists(path):
+                    try:
+                        client.load_system_host_keys(path)
+                    except (OSError, paramiko.hostkeys.InvalidHostKey) as e:
+                        raise SessionError("config", "cannot read known_hosts file %s: %s" % (path, e))
+
+        outer = self
+
+        class _Policy(paramiko.MissingHostKeyPolicy):
+            def missing_host_key(self, client, hostname, key):  # noqa: N805 (paramiko's signature)
+                outer._missing_host_key(client, hostname, key)
+
+        client.set_missing_host_key_policy(_Policy())
+        kwargs: t.Dict[str, t.Any] = {}
+        if s.proxy_command:
+            cmd = s.proxy_command.replace("%h", s.host).replace("%p", str(s.port)).replace("%r", s.user or "")
+            kwargs["sock"] = paramiko.ProxyCommand(cmd)
+        if not s.use_rsa_sha2_algorithms:
+            kwargs["disabled_algorithms"] = {
+                "pubkeys": [a for a in paramiko.Transport._preferred_pubkeys if "rsa-sha2" in a],
+                "keys": [a for a in paramiko.Transport._preferred_keys if "rsa-sha2" in a],
+            }
+        key_filename = os.path.expanduser(s.key_filename) if s.key_filename else None
+        try:
+            client.connect(
+                s.host,
+                port=s.port,
+                username=s.user,
+                password=s.password,
+                passphrase=s.password if key_filename else None,
+                key_filename=key_filename,
+                look_for_keys=s.look_for_keys,
+                allow_agent=s.password is None,
+                timeout=s.connect_timeout,
+                banner_timeout=s.banner_timeout,
+                auth_timeout=s.connect_timeout,
+                **kwargs,
+            )
+        except SessionError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise SessionError(
+                "hostkey_mismatch",
+                "the host key of %s changed: expected %s, got %s. This can be an attack; if the host was reinstalled, "
+                "remove its old line from %s"
+                % (known_hosts_name(s.host, s.port), fingerprint_sha256(e.expected_key), fingerprint_sha256(e.key), s.known_hosts_file),
+            )
+        except paramiko.AuthenticationException as e:
+            client.close()
+            raise SessionError("auth", "login as %s failed: %s" % (s.user or "(default user)", e or type(e).__name__))
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            client.close()
+            raise SessionError("unreachable", "%s: %s" % (type(e).__name__, e))
+        if s.keepalive:
+            client.get_transport().set_keepalive(s.keepalive)
+        self.client = client
+        return self
+
+    def _missing_host_key(self, client: t.Any, hostname: str, key: t.Any) -> None:
+        s = self.settings
+        name = known_hosts_name(s.host, s.port)
+        fp = fingerprint_sha256(key)
+        if s.host_key_checking and not s.host_key_auto_add:
+            raise SessionError(
+                "hostkey_unknown",
+                "the host key of %s (%s %s) is not in %s. Check the fingerprint on the host "
+                "(ssh-keygen -lf /etc/ssh/ssh_host_%s_key.pub), then add it, e.g. `ssh-keyscan -p %d %s >> %s`, "
+                "or set ansible_pct_ssh_host_key_auto_add=true to accept and record it"
+                % (name, key.get_name(), fp, s.known_hosts_file, key.get_name().replace("ssh-", ""), s.port, s.host, s.known_hosts_file),
+            )
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        if s.host_key_checking and s.record_host_keys:
+            _append_known_host(s.known_hosts_file, "%s %s %s" % (name, key.get_name(), key.get_base64()), s.lock_file_timeout)
+
+    def alive(self) -> bool:
+        tr = self.client.get_transport() if self.client else None
+        return bool(tr and tr.is_active())
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def _transport(self) -> t.Any:
+        if not self.alive():
+            raise SessionError("gone", "the SSH connection to %s is closed" % self.settings.host_label())
+        return self.client.get_transport()
+
+    # -- commands -----------------------------------------------------------
+    def exec(
+        self,
+        command: str,
+        stdin: t.Optional[bytes] = None,
+        timeout: float = 3600.0,
+        pty: bool = False,
+        stdin_path: t.Optional[str] = None,
+        stdout_path: t.Optional[str] = None,
+    ) -> ExecResult:
+        """Run COMMAND (host shell text); stdout and stderr read together, all bounded by TIMEOUT.
+
+        STDIN (bytes) or STDIN_PATH (a local file, streamed) feed the command;
+        STDOUT_PATH streams stdout to a local file instead of memory.
+        """
+        try:
+            chan = self._transport().open_session(timeout=min(timeout, 30.0))
+        except SessionError:
+            raise
+        except Exception as e:  # paramiko raises SSHException/EOFError/socket errors here
+            raise SessionError("gone", "could not open an SSH channel: %s" % e)
+        src: t.Optional[t.BinaryIO] = open(stdin_path, "rb") if stdin_path else None
+        sink: t.Optional[t.BinaryIO] = open(stdout_path, "wb") if stdout_path else None
+        try:
+            if pty:
+                chan.get_pty(term="vt100", width=0, height=0)
+            chan.exec_command(command)
+            return _pump(chan, stdin, src, sink, timeout)
+        finally:
+            chan.close()
+            if src:
+                src.close()
+            if sink:
+                sink.close()
+
+    # -- files (SFTP) -------------------------------------------------------
+    def _sftp(self) -> t.Any:
+        try:
+            return self._transport().open_sftp_client()
+        except SessionError:
+            raise
+        except Exception as e:
+            raise SessionError("sftp_unavailable", "SFTP is not available on %s: %s" % (self.settings.host_label(), e))
+
+    def mkdtemp(self) -> str:
+        """A fresh private (0700) directory in the host's /tmp."""
+        sftp = self._sftp()
+        try:
+            for _ in range(5):
+                path = "/tmp/.pct_ssh-%s" % os.urandom(12).hex()
+                try:
+                    sftp.mkdir(path, mode=0o700)
+                    sftp.chmod(path, 0o700)  # the server applies its umask to mkdir's mode
+                    return path
+                except OSError as e:
+                    last = e
+            raise SessionError("transfer", "cannot create a temporary directory in /tmp on the host: %s" % last)
+        finally:
+            sftp.close()
+
+    def put(self, local: str, remote: str) -> None:
+        sftp = self._sftp()
+        try:
+            with open(local, "rb") as src, sftp.open(remote, "wbx") as dst:
+                dst.set_pipelined(True)
+                while True:
+                    block = src.read(CHUNK)
+                    if not block:
+                        break
+                    dst.write(block)
+            size = os.path.getsize(local)
+            got = sftp.stat(remote).st_size
+            if got != size:
+                raise SessionError("transfer", "SFTP wrote %s bytes of %s to %s" % (got, size, remote))
+        except (OSError, EOFError) as e:
+            raise SessionError("transfer", "SFTP upload of %s to the host's %s failed: %s" % (local, remote, e))
+        finally:
+            sftp.close()
+
+    def get(self, remote: str, local: str) -> None:
+        sftp = self._sftp()
+        try:
+            with sftp.open(remote, "rb") as src, open(local, "wb") as dst:
+                size = src.stat().st_size
+                src.prefetch(size)
+                while True:
+                    block = src.read(CHUNK)
+                    if not block:
+                        break
+                    dst.write(block)
+        except (OSError, EOFError) as e:
+            raise SessionError("transfer", "SFTP download of the host's %s to %s failed: %s" % (remote, local, e))
+        finally:
+            sftp.close()
+
+    def rmtree(self, path: str) -> None:
+        """Remove the one-level temporary directory PATH and its files."""
+        if not path.startswith("/tmp/.pct_ssh-"):
+            raise SessionError("config", "refusing to remove %r: not a pct_ssh temporary directory" % path)
+        sftp = self._sftp()
+        try:
+            for name in sftp.listdir(path):
+                sftp.remove(path + "/" + name)
+            sftp.rmdir(path)
+        except OSError as e:
+            raise SessionError("transfer", "cannot remove the temporary directory %s on the host: %s" % (path, e))
+        finally:
+            sftp.close()
+
+
+def _pump(chan: t.Any, stdin: t.Optional[bytes], src: t.Optional[t.BinaryIO], sink: t.Optional[t.BinaryIO], timeout: float) -> ExecResult:
+    """Feed stdin and drain stdout+stderr together until exit or TIMEOUT.
+
+    Reading both streams in one loop is what keeps a chatty stderr from
+    stalling stdout (and the reverse); writing stdin in the same loop keeps a
+    command that answers before it has read all its input from deadlocking.
+    """
+    deadline = time.monotonic() + timeout
+    out: t.List[bytes] = []
+    err: t.List[bytes] = []
+    pending = memoryview(stdin) if stdin else memoryview(b"")
+    feeding = stdin is not None or src is not None
+    if stdin is not None and not stdin and src is None:
+        chan.shutdown_write()
+        feeding = False
+    elif stdin is None and src is None:
+        chan.shutdown_write()  # no stdin: the command must see EOF, not wait
+        feeding = False
+    fd = chan.fileno()
+    while True:
+        progressed = False
+        while chan.recv_ready():
+            block = chan.recv(CHUNK)
+            if sink is not None:
+                sink.write(block)
+            else:
+                out.append(block)
+            progressed = True
+        while chan.recv_stderr_ready():
+            err.append(chan.recv_stderr(CHUNK))
+            progressed = True
+        if feeding and chan.send_ready():
+            if not pending and src is not None:
+                pending = memoryview(src.read(CHUNK))
+                if not pending:
+                    src = None
+            if pending:
+                n = chan.send(pending[:65536])
+                pending = pending[n:]
+                progressed = True
+            if not pending and src is None:
+                chan.shutdown_write()
+                feeding = False
+        if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
+            # data is complete; the exit status follows (or never comes if killed)
+            chan.status_event.wait(max(0.0, min(deadline - time.monotonic(), 5.0)))
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return ExecResult(-1, b"".join(out), b"".join(err), timed_out=True)
+        if not progressed:
+            wait = min(remaining, 0.005 if feeding else 1.0)
+            select.select([fd], [], [], wait)
+    rc = chan.exit_status if chan.exit_status_ready() else -1
+    return ExecResult(rc, b"".join(out), b"".join(err), signalled=rc == -1)
+
+
+# ---------------------------------------------------------------------------
+# control master: one process per (host, port, user, credentials) holding the
+# SSH transport; clients send one request per unix-socket connection.
+# ---------------------------------------------------------------------------
+
+
+def _send(sock: socket.socket, header: t.Dict[str, t.Any], *blobs: bytes) -> None:
+    header = dict(header, blobs=[len(b) for b in blobs])
+    raw = json.dumps(header).encode("utf-8")
+    sock.sendall(struct.pack(">I", len(raw)) + raw)
+    for b in blobs:
+        sock.sendall(b)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    parts = []
+    while n:
+        block = sock.recv(min(n, CHUNK))
+        if not block:
+            raise EOFError("peer closed the socket")
+        parts.append(block)
+        n -= len(block)
+    return b"".join(parts)
+
+
+def _recv(sock: socket.socket) -> t.Tuple[t.Dict[str, t.Any], t.List[bytes]]:
+    (n,) = struct.unpack(">I", _recv_exact(sock, 4))
+    header = json.loads(_recv_exact(sock, n).decode("utf-8"))
+    return header, [_recv_exact(sock, size) for size in header.get("blobs", [])]
+
+
+def control_path(settings: Settings, directory: str) -> str:
+    return os.path.join(os.path.expanduser(directory), settings.cache_key() + ".sock")
+
+
+class MasterClient:
+    """The session interface, answered by a control master over a unix socket."""
+
+    def __init__(self, path: str, request_timeout_margin: float = 30.0) -> None:
+        self.path = path
+        self.margin = request_timeout_margin
+
+    def _call(self, header: t.Dict[str, t.Any], *blobs: bytes, timeout: float = 60.0) -> t.Tuple[t.Dict[str, t.Any], t.List[bytes]]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # the master bounds the command itself; this only guards against a hung master
+            sock.settimeout(timeout + self.margin)
+            try:
+                sock.connect(self.path)
+            except OSError as e:
+                raise SessionError("gone", "control master %s is not answering: %s" % (self.path, e))
+            try:
+                _send(sock, header, *blobs)
+                reply, data = _recv(sock)
+            except (OSError, EOFError, ValueError) as e:
+                raise SessionError("master", "control master %s failed during %s: %s" % (self.path, header.get("op"), e))
+        finally:
+            sock.close()
+        if "error" in reply:
+            raise SessionError(reply["error"]["kind"], reply["error"]["msg"])
+        return reply, data
+
+    def ping(self) -> bool:
+        try:
+            self._call({"op": "ping"}, timeout=5)
+            return True
+        except SessionError:
+            return False
+
+    def exec(self, command, stdin=None, timeout=3600.0, pty=False, stdin_path=None, stdout_path=None) -> ExecResult:
+        header = {
+            "op": "exec",
+            "command": command,
+            "has_stdin": stdin is not None,
+            "timeout": timeout,
+            "pty": pty,
+            "stdin_path": stdin_path,
+            "stdout_path": stdout_path,
+        }
+        reply, data = self._call(header, stdin or b"", timeout=timeout)
+        return ExecResult(reply["rc"], data[0], data[1], timed_out=reply["timed_out"], signalled=reply["signalled"])
+
+    def mkdtemp(self) -> str:
+        return self._call({"op": "mkdtemp"})[0]["path"]
+
+    def put(self, local: str, remote: str) -> None:
+        self._call({"op": "put", "local": os.path.abspath(local), "remote": remote}, timeout=24 * 3600)
+
+    def get(self, remote: str, local: str) -> None:
+        self._call({"op": "get", "remote": remote, "local": os.path.abspath(local)}, timeout=24 * 3600)
+
+    def rmtree(self, path: str) -> None:
+        self._call({"op": "rmtree", "path": path})
+
+    def stop(self) -> None:
+        try:
+            self._call({"op": "stop"}, timeout=5)
+        except SessionError:
+            pass
+
+    def close(self) -> None:
+        """Nothing to do: the master outlives the task on purpose."""
+
+
+def open_master(settings: Settings, directory: str, persist: int, start_timeout: float) -> MasterClient:
+    """Reach the control master for SETTINGS, starting it if none answers.
+
+    A lock file serialises the start, so parallel workers for the same host
+    share one master instead of racing to create several.
+    """
+    directory = os.path.expanduser(directory)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)  # the socket is as good as the credentials behind it
+    path = control_path(settings, directory)
+    client = MasterClient(path)
+    if client.ping():
+        return client
+    with open(path + ".lock", "a") as lock:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    raise SessionError("master", "timed out waiting for another worker starting the control master %s" % path)
+                time.sleep(0.02)
+        try:
+            if client.ping():
+                return client
+            try:
+                os.unlink(path)  # a stale socket of a master that is gone
+            except FileNotFoundError:
+                pass
+            proc = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--serve", path, str(persist)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C of the playbook must not kill a master in use by others
+                close_fds=True,
+            )
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(json.dumps(dataclasses.asdict(settings)).encode("utf-8") + b"\n")
+            proc.stdin.close()
+            line = b""
+            while not line.endswith(b"\n"):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([proc.stdout], [], [], remaining)[0]:
+                    proc.kill()
+                    raise SessionError("master", "the control master did not report within %ss" % start_timeout)
+                block = os.read(proc.stdout.fileno(), 65536)
+                if not block:
+                    break
+                line += block
+            proc.stdout.close()
+            try:
+                reply = json.loads(line.decode("utf-8"))
+            except ValueError:
+                proc.wait(5)
+                raise SessionError("master", "the control master exited with %s before reporting" % proc.returncode)
+            if not reply.get("ok"):
+                proc.wait(5)
+                raise SessionError(reply["kind"], reply["msg"])
+            return client
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+class _Master:
+    def __init__(self, session: DirectSession, path: str, persist: float) -> None:
+        self.session = session
+        self.path = path
+        self.persist = persist
+        self.active = 0
+        self.last = time.monotonic()
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    def handle(self, conn: socket.socket) -> None:
+        with self.lock:
+            self.active += 1
+        try:
+            conn.settimeout(60)
+            header, blobs = _recv(conn)
+            conn.settimeout(None)
+            try:
+                reply, data = self.dispatch(header, blobs)
+            except SessionError as e:
+                reply, data = {"error": {"kind": e.kind, "msg": e.msg}}, ()
+            except Exception as e:  # report, never kill the master over one request
+                reply, data = {"error": {"kind": "master", "msg": "%s: %s" % (type(e).__name__, e)}}, ()
+            _send(conn, reply, *data)
+        except (OSError, EOFError, ValueError):
+            pass
+        finally:
+            conn.close()
+            with self.lock:
+                self.active -= 1
+                self.last = time.monotonic()
+
+    def dispatch(self, h: t.Dict[str, t.Any], blobs: t.List[bytes]) -> t.Tuple[t.Dict[str, t.Any], t.Sequence[bytes]]:
+        op = h.get("op")
+        s = self.session
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid()}, ()
+        if op == "stop":
+            self.stopping = True
+            return {"ok": True}, ()
+        if op == "exec":
+            r = s.exec(
+                h["command"],
+                stdin=blobs[0] if h.get("has_stdin") else None,
+                timeout=float(h["timeout"]),
+                pty=bool(h["pty"]),
+                stdin_path=h.get("stdin_path"),
+                stdout_path=h.get("stdout_path"),
+            )
+            return {"rc": r.rc, "timed_out": r.timed_out, "signalled": r.signalled}, (r.stdout, r.stderr)
+        if op == "mkdtemp":
+            return {"path": s.mkdtemp()}, ()
+        if op == "put":
+            s.put(h["local"], h["remote"])
+            return {"ok": True}, ()
+        if op == "get":
+            s.get(h["remote"], h["local"])
+            return {"ok": True}, ()
+        if op == "rmtree":
+            s.rmtree(h["path"])
+            return {"ok": True}, ()
+        raise SessionError("master", "unknown request %r" % op)
+
+    def serve(self, srv: socket.socket) -> None:
+        srv.settimeout(0.5)
+        while not self.stopping:
+            if not self.session.alive():
+                break  # clients then start a fresh master with a fresh connection
+            with self.lock:
+                idle = self.active == 0 and time.monotonic() - self.last > self.persist
+            if idle:
+                break
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                continue
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+
+def _serve_main(path: str, persist: float) -> int:
+    settings = Settings(**json.loads(sys.stdin.readline()))
+    session = DirectSession(settings)
+    try:
+        session.connect()
+    except SessionError as e:
+        sys.stdout.write(json.dumps({"ok": False, "kind": e.kind, "msg": e.msg}) + "\n")
+        return 1
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        srv.bind(path)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            sys.stdout.write(json.dumps({"ok": False, "kind": "master", "msg": "cannot bind %s: %s" % (path, e)}) + "\n")
+            return 1
+        sys.stdout.write(json.dumps({"ok": True, "note": "another master serves"}) + "\n")
+        return 0
+    finally:
+        os.umask(old)
+    srv.listen(64)
+    ino = os.stat(path).st_ino
+    sys.stdout.write(json.dumps({"ok": True, "pid": os.getpid()}) + "\n")
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    try:
+        _Master(session, path, persist).serve(srv)
+    finally:
+        try:
+            if os.stat(path).st_ino == ino:  # never remove a successor's socket
+                os.unlink(path)
+        except OSError:
+            pass
+        srv.close()
+        session.close()
+    return 0
+
+
+if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--serve":
+    sys.exit(_serve_main(sys.argv[2], float(sys.argv[3])))

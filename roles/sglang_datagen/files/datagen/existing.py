@@ -1,0 +1,80 @@
+"""Read the existing training set: its category per row and, where it carries text, its prompts.
+
+Accepted rows (JSONL or Parquet): ``messages`` [{role, content}] or ``conversations`` [{from, value}]
+(or the field named by ``existing_dataset.messages_field``), and/or already tokenized
+``input_ids`` + ``loss_mask``. The category comes from ``category_field`` mapped through
+``category_map``; rows without one get ``default_category`` or, failing that, a keyword guess
+(coding / math / general) on the text, so a dataset without labels can still be measured.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from datagen.sources import Unusable, _turns_from_messages, _turns_from_sharegpt, iter_file
+from datagen.util import DatagenError
+
+_CODE = re.compile(
+    r"```|\bdef \w+\(|\bclass \w+[:(]|#include|\bpublic static\b|\bfunction \w+\(|\bimport \w+|"
+    r"\bSELECT\b.+\bFROM\b|=>|\bconsole\.log\b|\bfn \w+\(|</\w+>",
+    re.S,
+)
+_MATH = re.compile(r"\\frac|\\sqrt|\$[^$]+\$|\\boxed|\b(solve|equation|integral|derivative|probability)\b", re.I)
+
+
+def guess_category(text: str) -> str:
+    """Cheap keyword guess used only when the existing set has no category field."""
+    if _CODE.search(text):
+        return "coding"
+    if _MATH.search(text):
+        return "math"
+    return "general"
+
+
+def row_messages(row: Dict[str, Any], field: Optional[str]) -> Optional[list]:
+    names = [field] if field else ["messages", "conversations"]
+    for name in names:
+        if name in row and row[name] is not None:
+            value = row[name]
+            try:
+                if name == "conversations" or (isinstance(value, list) and value and isinstance(value[0], dict)
+                                               and "from" in value[0]):
+                    return _turns_from_sharegpt(value)
+                return _turns_from_messages(value)
+            except Unusable:
+                return None
+    return None
+
+
+def iter_existing(spec: Any) -> Iterator[Tuple[Dict[str, Any], str, Optional[list]]]:
+    """(row, category, messages or None) for every row of the existing dataset."""
+    for path in spec.files:
+        try:
+            for row in iter_file(path):
+                if not isinstance(row, dict):
+                    continue
+                msgs = row_messages(row, spec.messages_field)
+                yield row, _category(row, spec, msgs), msgs
+        except DatagenError as exc:
+            raise DatagenError(f"existing_dataset.path: {exc}") from None
+        except OSError as exc:
+            raise DatagenError(f"existing_dataset.path: cannot read {path}: {exc.strerror}") from None
+
+
+def _category(row: Dict[str, Any], spec: Any, msgs: Optional[list]) -> str:
+    value = row.get(spec.category_field) if spec.category_field else None
+    if isinstance(value, str) and value:
+        return spec.category_map.get(value, value)
+    if spec.default_category:
+        return spec.default_category
+    if msgs:
+        return guess_category("\n".join(m["content"] for m in msgs[:4]))
+    return "general"
+
+
+def measure(spec: Any) -> Dict[str, int]:
+    counts: Dict[str, int] = {}
+    for _, cat, _ in iter_existing(spec):
+        counts[cat] = counts.get(cat, 0) + 1
+    return counts

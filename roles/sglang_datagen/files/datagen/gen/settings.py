@@ -1,0 +1,250 @@
+"""Config -> :class:`GenerateSettings` for the generate stage (private).
+
+Reads the top-level ``servers``, ``model`` and ``sampling`` keys and the
+``generate`` section. Every bad value raises ``datagen.config.ConfigError``
+whose message names the key and says what would be accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+from urllib.parse import urlsplit
+
+try:  # the package core's error type; a local twin keeps this module importable on its own
+    from ..config import ConfigError
+except ImportError:  # pragma: no cover - only before datagen.config exists
+
+    class ConfigError(ValueError):  # type: ignore[no-redef]
+        """A config key is missing or has a bad value; the message names it."""
+
+
+# Sampling keys SGLang's OpenAI-compatible endpoint accepts, with the JSON type each must have.
+_NUM = (int, float)
+SAMPLING_KEYS: Dict[str, Tuple[type, ...]] = {
+    "max_tokens": (int,),
+    "temperature": _NUM,
+    "top_p": _NUM,
+    "top_k": (int,),
+    "min_p": _NUM,
+    "presence_penalty": _NUM,
+    "frequency_penalty": _NUM,
+    "repetition_penalty": _NUM,
+    "seed": (int,),
+    "stop": (str, list),
+    "n": (int,),
+    "ignore_eos": (bool,),
+    "skip_special_tokens": (bool,),
+    "no_stop_trim": (bool,),
+}
+
+GENERATE_KEYS = {
+    "concurrency", "retries", "backoff_base", "backoff_max", "request_timeout", "connect_timeout",
+    "fsync_interval", "progress_interval", "ready_timeout", "ready_interval", "shutdown_grace",
+    "thinking", "chat_template_kwargs", "api_key_env", "limit", "extra_body", "tool_choice",
+}
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    """Everything the generate stage needs, validated. Times are seconds."""
+
+    servers: Tuple[str, ...]
+    model: Optional[str]  # None: take the first model the servers list under /v1/models
+    sampling: Dict[str, Any] = field(default_factory=lambda: {"max_tokens": 2048})
+    thinking: bool = False
+    chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    extra_body: Dict[str, Any] = field(default_factory=dict)
+    tool_choice: str = "auto"
+    concurrency: int = 128  # in-flight requests per server
+    retries: int = 8  # further attempts after the first
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    request_timeout: float = 900.0
+    connect_timeout: float = 10.0
+    fsync_interval: float = 1.0
+    progress_interval: float = 1.0
+    ready_timeout: float = 1800.0  # a large model loads for minutes; still bounded
+    ready_interval: float = 2.0
+    shutdown_grace: float = 15.0
+    api_key_env: Optional[str] = None
+    limit: Optional[int] = None  # generate at most this many new rows in one run
+
+    def template_kwargs(self) -> Dict[str, Any]:
+        """``chat_template_kwargs`` as sent: thinking is always explicit, never the template's default."""
+        kwargs = dict(self.chat_template_kwargs)
+        kwargs["enable_thinking"] = self.thinking
+        return kwargs
+
+    def api_key(self) -> Optional[str]:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+def _fail(key: str, problem: str, fix: str) -> ConfigError:
+    return ConfigError(f"{key}: {problem}; {fix}")
+
+
+def _number(section: Mapping[str, Any], name: str, default: float, minimum: float, prefix: str = "generate") -> float:
+    value = section.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(f"{prefix}.{name}", f"expected a number, got {value!r}", f"set a number >= {minimum}")
+    if value < minimum:
+        raise _fail(f"{prefix}.{name}", f"{value!r} is below {minimum}", f"set a number >= {minimum}")
+    return float(value)
+
+
+def _integer(section: Mapping[str, Any], name: str, default: Optional[int], minimum: int) -> Optional[int]:
+    value = section.get(name, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(f"generate.{name}", f"expected an integer, got {value!r}", f"set an integer >= {minimum}")
+    if value < minimum:
+        raise _fail(f"generate.{name}", f"{value!r} is below {minimum}", f"set an integer >= {minimum}")
+    return value
+
+
+def parse_servers(raw: Any) -> Tuple[str, ...]:
+    """Base URLs (``http://host:port``), trailing slashes and a trailing ``/v1`` removed."""
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise _fail("servers", f"expected a non-empty list of base URLs, got {raw!r}",
+                    "list the router or each worker, e.g. [http://127.0.0.1:30000]")
+    out: List[str] = []
+    for i, url in enumerate(raw):
+        if not isinstance(url, str):
+            raise _fail(f"servers[{i}]", f"expected a URL string, got {url!r}", "write e.g. http://127.0.0.1:30000")
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _fail(f"servers[{i}]", f"{url!r} is not an http(s) base URL", "write e.g. http://127.0.0.1:30000")
+        try:
+            parts.port  # noqa: B018 - raises on a malformed port
+        except ValueError as exc:
+            raise _fail(f"servers[{i}]", f"{url!r} has a bad port ({exc})", "write e.g. http://127.0.0.1:30000") from exc
+        base = url.strip().rstrip("/")
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        if base in out:
+            raise _fail(f"servers[{i}]", f"{url!r} is listed twice", "list each server once")
+        out.append(base)
+    return tuple(out)
+
+
+def parse_model(raw: Any) -> Optional[str]:
+    if raw is None:
+        return None
+    if isinstance(raw, Mapping):
+        # the core config may describe the model as a mapping; the served name is what the API wants
+        for key in ("served_name", "served_model_name", "name"):
+            if key in raw:
+                raw = raw[key]
+                break
+        else:
+            raise _fail("model", "a mapping needs a `name` (the served model name)", "add model.name")
+    if not isinstance(raw, str) or not raw.strip():
+        raise _fail("model", f"expected the served model name, got {raw!r}", "set model.name to what /v1/models lists")
+    return raw.strip()
+
+
+def parse_sampling(raw: Any) -> Dict[str, Any]:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise _fail("sampling", f"expected a mapping, got {raw!r}", "write e.g. {temperature: 0.7, max_tokens: 2048}")
+    out: Dict[str, Any] = {}
+    for key, value in raw.items():
+        # max_length belongs to tokenize; the rest of the section must be something the server understands
+        if key == "max_length":
+            continue
+        types = SAMPLING_KEYS.get(key)
+        if types is None:
+            raise _fail(f"sampling.{key}", "unknown sampling parameter",
+                        "use one of " + ", ".join(sorted(SAMPLING_KEYS)))
+        if isinstance(value, bool) and bool not in types:
+            raise _fail(f"sampling.{key}", f"expected {'/'.join(t.__name__ for t in types)}, got {value!r}", "fix the value")
+        if not isinstance(value, types):
+            raise _fail(f"sampling.{key}", f"expected {'/'.join(t.__name__ for t in types)}, got {value!r}", "fix the value")
+        out[key] = value
+    out.setdefault("max_tokens", 2048)
+    if out["max_tokens"] < 1:
+        raise _fail("sampling.max_tokens", f"{out['max_tokens']!r} is below 1", "set a positive token budget")
+    if out.get("n", 1) != 1:
+        raise _fail("sampling.n", "one completion per prompt is what the output format holds", "remove n or set 1")
+    if "temperature" in out and out["temperature"] < 0:
+        raise _fail("sampling.temperature", f"{out['temperature']!r} is negative", "set 0 or more")
+    if "top_p" in out and not 0 < out["top_p"] <= 1:
+        raise _fail("sampling.top_p", f"{out['top_p']!r} is outside (0, 1]", "set a value in (0, 1]")
+    return out
+
+
+def _mapping(section: Mapping[str, Any], name: str) -> Dict[str, Any]:
+    value = section.get(name) or {}
+    if not isinstance(value, Mapping):
+        raise _fail(f"generate.{name}", f"expected a mapping, got {value!r}", "write a YAML mapping")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise _fail(f"generate.{name}", f"not JSON-serialisable ({exc})", "use plain strings, numbers, lists, mappings") from exc
+    return dict(value)
+
+
+def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
+    """Validate the parts of the datagen config that generate reads."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config: expected a mapping at the top level, got {type(raw).__name__}")
+    if "servers" not in raw:
+        raise _fail("servers", "missing", "list the SGLang router or workers, e.g. [http://127.0.0.1:30000]")
+    section = raw.get("generate") or {}
+    if not isinstance(section, Mapping):
+        raise _fail("generate", f"expected a mapping, got {section!r}", "write a YAML mapping")
+    unknown = sorted(set(section) - GENERATE_KEYS)
+    if unknown:
+        raise _fail(f"generate.{unknown[0]}", "unknown key", "use one of " + ", ".join(sorted(GENERATE_KEYS)))
+    thinking = section.get("thinking", False)
+    if not isinstance(thinking, bool):
+        raise _fail("generate.thinking", f"expected true or false, got {thinking!r}",
+                    "say whether the chat template should think (enable_thinking)")
+    kwargs = _mapping(section, "chat_template_kwargs")
+    if "enable_thinking" in kwargs:
+        raise _fail("generate.chat_template_kwargs.enable_thinking", "set through generate.thinking",
+                    "move it to generate.thinking")
+    extra_body = _mapping(section, "extra_body")
+    clash = sorted(set(extra_body) & ({"model", "messages", "tools", "chat_template_kwargs", "stream"} | set(SAMPLING_KEYS)))
+    if clash:
+        raise _fail(f"generate.extra_body.{clash[0]}", "is set elsewhere", "use sampling / generate.thinking / model")
+    tool_choice = section.get("tool_choice", "auto")
+    if tool_choice not in ("auto", "required", "none"):
+        raise _fail("generate.tool_choice", f"{tool_choice!r} is not auto, required or none", "pick one of those")
+    api_key_env = section.get("api_key_env")
+    if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
+        raise _fail("generate.api_key_env", f"expected an environment variable name, got {api_key_env!r}",
+                    "name the variable holding the key (the key itself never goes in the config)")
+    backoff_base = _number(section, "backoff_base", 0.5, 0.0)
+    backoff_max = _number(section, "backoff_max", 30.0, 0.0)
+    if backoff_max < backoff_base:
+        raise _fail("generate.backoff_max", f"{backoff_max} is below backoff_base {backoff_base}", "raise it")
+    return GenerateSettings(
+        servers=parse_servers(raw["servers"]),
+        model=parse_model(raw.get("model")),
+        sampling=parse_sampling(raw.get("sampling")),
+        thinking=thinking,
+        chat_template_kwargs=kwargs,
+        extra_body=extra_body,
+        tool_choice=tool_choice,
+        concurrency=int(_integer(section, "concurrency", 128, 1) or 128),
+        retries=int(_integer(section, "retries", 8, 0) or 0),
+        backoff_base=backoff_base,
+        backoff_max=backoff_max,
+        request_timeout=_number(section, "request_timeout", 900.0, 0.1),
+        connect_timeout=_number(section, "connect_timeout", 10.0, 0.1),
+        fsync_interval=_number(section, "fsync_interval", 1.0, 0.01),
+        progress_interval=_number(section, "progress_interval", 1.0, 0.01),
+        ready_timeout=_number(section, "ready_timeout", 1800.0, 0.0),
+        ready_interval=_number(section, "ready_interval", 2.0, 0.01),
+        shutdown_grace=_number(section, "shutdown_grace", 15.0, 0.0),
+        api_key_env=api_key_env,
+        limit=_integer(section, "limit", None, 0),
+    )

@@ -1,0 +1,154 @@
+"""Shared helpers: stable hashes, canonical prompts, JSONL streams, atomic writes, fingerprints."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import unicodedata
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+
+_WS = re.compile(r"\s+")
+
+
+class DatagenError(RuntimeError):
+    """A stage could not do its job; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------- hashing
+
+def blake(data: str, size: int = 8) -> bytes:
+    return hashlib.blake2b(data.encode("utf-8", "surrogatepass"), digest_size=size).digest()
+
+
+def hash64(data: str) -> int:
+    """8-byte digest as an int: the dedup index holds these (about 60 bytes per entry in a set)."""
+    return int.from_bytes(blake(data, 8), "big")
+
+
+def unit_interval(seed: int, key: str) -> int:
+    """A seeded, order-independent rank for deterministic sampling (smaller = chosen first)."""
+    return hash64(f"{seed}\x1f{key}")
+
+
+def normalise_text(text: str) -> str:
+    """Dedup form: NFKC, case-folded, whitespace collapsed (catches copies that differ only in spacing)."""
+    return _WS.sub(" ", unicodedata.normalize("NFKC", text)).strip().casefold()
+
+
+def canonical_prompt(messages: List[Dict[str, Any]], tools: Optional[List[Any]] = None) -> str:
+    """The prompt as one string: roles and normalised contents, plus tools with sorted keys.
+
+    Assistant turns inside the prompt (multi-turn context) count: two conversations
+    that share the last question but differ in history are different prompts.
+    """
+    parts = []
+    for m in messages:
+        content = m.get("content")
+        if not isinstance(content, str):
+            content = json.dumps(content, sort_keys=True, ensure_ascii=False)
+        calls = m.get("tool_calls")
+        extra = json.dumps(calls, sort_keys=True, ensure_ascii=False) if calls else ""
+        parts.append(f"{m.get('role', '')}\x1e{normalise_text(content)}{extra}")
+    if tools:
+        parts.append("tools\x1e" + json.dumps(tools, sort_keys=True, ensure_ascii=False))
+    return "\x1d".join(parts)
+
+
+def prompt_key(messages: List[Dict[str, Any]], tools: Optional[List[Any]] = None) -> int:
+    """Dedup key, independent of the source: the same prompt from two datasets collides."""
+    return hash64(canonical_prompt(messages, tools))
+
+
+def stable_id(source: str, messages: List[Dict[str, Any]], tools: Optional[List[Any]] = None) -> str:
+    """Row id: hash of source name and canonical prompt (24 hex chars; collisions need ~2^48 rows)."""
+    return blake(source + "\x1f" + canonical_prompt(messages, tools), 12).hex()
+
+
+# ---------------------------------------------------------------- JSONL
+
+def iter_jsonl(path: str, tolerate_torn_tail: bool = True) -> Iterator[Tuple[int, Any]]:
+    """Yield (line_no, obj or None) for each non-blank line; None marks a line that is not JSON.
+
+    A last line without its newline that does not parse is a write torn by a crash:
+    with ``tolerate_torn_tail`` it is skipped silently instead of reported.
+    """
+    with open(path, "rb") as fh:
+        line_no = 0
+        for raw in fh:
+            line_no += 1
+            if not raw.strip():
+                continue
+            try:
+                yield line_no, json.loads(raw)
+            except ValueError:
+                # only the last line can lack its newline
+                if tolerate_torn_tail and not raw.endswith(b"\n"):
+                    return
+                yield line_no, None
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+class AtomicWriter:
+    """Write to a temp file in the target's directory, fsync, rename over the target on success."""
+
+    def __init__(self, path: str, mode: str = "w") -> None:
+        self.path = path
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+        self.fh = os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
+
+    def __enter__(self):
+        return self.fh
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+            os.replace(self.tmp, self.path)
+        else:
+            self.fh.close()
+            os.unlink(self.tmp)
+
+
+def write_json(path: str, obj: Any) -> None:
+    with AtomicWriter(path) as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True, ensure_ascii=False)
+        fh.write("\n")
+
+
+def read_json(path: str) -> Optional[Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- fingerprints
+
+def file_stamp(path: str) -> Dict[str, Any]:
+    """Cheap identity of an input file: path, size, mtime (re-hashing 2 GB of input on every run is not cheap)."""
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def fingerprint(parts: Iterable[Any]) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(json.dumps(p, sort_keys=True, default=str).encode())
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def peak_rss_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

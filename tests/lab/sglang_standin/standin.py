@@ -1,0 +1,336 @@
+#!/usr/bin/env python3
+"""An OpenAI-compatible stand-in for an SGLang server (or sglang-router), for tests and the lab.
+
+Only the GPU is missing, so only the model is faked: the HTTP surface follows
+SGLang's (``/v1/chat/completions``, native ``/generate``, ``/v1/models``,
+``/health``, ``/health_generate``, ``/metrics``), the text is deterministic
+(a function of the prompt and the seed), usage counts are consistent, and
+``finish_reason`` is ``length`` when ``max_tokens`` cuts the answer short.
+Rows that carry ``tools`` get a tool call first and a final answer once the
+conversation ends in a tool result; ``chat_template_kwargs.enable_thinking``
+adds ``reasoning_content`` as SGLang's reasoning parser does.
+
+Faults to test a client against: latency, a rate of 503s (with Retry-After),
+a rate of dropped connections (closed with no answer, or after half a body),
+a not-ready period (listening, but /health_generate answers 503) and a delayed
+listen (connection refused first, like a server still loading weights).
+
+Loopback only. Run::
+
+    python tests/lab/sglang_standin/standin.py --port 30000 --model lab-model \
+        [--latency 0.05] [--fail-rate 0.2] [--drop-rate 0.05] [--not-ready-for 5] [--port-file F]
+
+It also answers SGLang's and sglang-router's command lines in the role's
+lab mode: unknown options are ignored, ``--model-path``/``--served-model-name``
+give the model name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import time
+import zlib
+from typing import Any, Dict, List, Optional
+
+from aiohttp import web
+
+VOCAB = (
+    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+    "they you were her she there been one all we their has would when if so no will more can out up about "
+    "into than its only other new some could time these two may then do first any my now such like our "
+    "over man me even most made after also did many before must through back years where much your way "
+    "well down should because each just those people how too little state good very make world still own "
+    "see men work long get here between both life being under never day same another know while last "
+    "might us great old year off come since against go came right used take three"
+).split()
+_NV = len(VOCAB)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _words(seed: int, n: int) -> str:
+    # a small LCG: deterministic and cheap enough that the stand-in never becomes the bottleneck
+    out = []
+    x = seed & 0xFFFFFFFF
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        out.append(VOCAB[(x >> 8) % _NV])
+    return " ".join(out)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return "" if content is None else json.dumps(content)
+
+
+class StandIn:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.a = args
+        self.model = args.model
+        self.rng = random.Random(args.seed)
+        self.t0 = time.monotonic()
+        self.counters: Dict[str, int] = {
+            "requests": 0, "ok": 0, "injected_503": 0, "dropped": 0, "prompt_tokens": 0, "generation_tokens": 0,
+            "running": 0,
+        }
+        self.seen_ids: Dict[str, int] = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    def ready(self) -> bool:
+        return time.monotonic() - self.t0 >= self.a.not_ready_for
+
+    async def _fault(self, request: web.Request) -> Optional[web.StreamResponse]:
+        """Maybe inject a fault: a 503, or a dropped connection. None: answer normally."""
+        a = self.a
+        if not self.ready():
+            return web.json_response({"object": "error", "message": "server is starting", "code": 503}, status=503)
+        r = self.rng.random()
+        if r < a.fail_rate:
+            self.counters["injected_503"] += 1
+            return web.json_response({"object": "error", "message": "injected overload", "code": 503},
+                                     status=503, headers={"Retry-After": str(a.retry_after)})
+        if r < a.fail_rate + a.drop_rate:
+            self.counters["dropped"] += 1
+            if self.rng.random() < 0.5:
+                # half a body, then the connection goes: the client must not take it for an answer
+                resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json",
+                                                               "Content-Length": "4096"})
+                await resp.prepare(request)
+                await resp.write(b'{"id":"x","object":"chat.completion","choices":[{"index":0,')
+            if request.transport is not None:
+                request.transport.abort()
+            raise asyncio.CancelledError  # aiohttp drops the handler quietly
+        return None
+
+    def _completion(self, prompt: str, max_tokens: int, seed: int) -> tuple:
+        """(text, completion_tokens, finish_reason): the length is a function of the prompt."""
+        h = zlib.crc32(prompt.encode("utf-8", "surrogatepass"), seed) & 0xFFFFFFFF
+        natural = self.a.min_tokens + h % max(1, self.a.max_natural_tokens - self.a.min_tokens + 1)
+        n = min(natural, max_tokens)
+        return _words(h, n), n, ("length" if natural > max_tokens else "stop")
+
+    async def _latency(self, n_tokens: int) -> None:
+        delay = self.a.latency + self.a.token_latency * n_tokens
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------------ endpoints
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        self.counters["requests"] += 1
+        fault = await self._fault(request)
+        if fault is not None:
+            return fault
+        try:
+            body = json.loads(await request.read())
+            messages: List[Dict[str, Any]] = body["messages"]
+            if not isinstance(messages, list) or not messages:
+                raise ValueError("messages must be a non-empty list")
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"object": "error", "message": f"bad request: {exc}", "code": 400}, status=400)
+        model = body.get("model")
+        if model is not None and model != self.model:
+            return web.json_response({"object": "error", "message": f"model {model!r} not found", "code": 404},
+                                     status=404)
+        prompt_tokens = sum(4 + len(_text_of(m.get("content"))) // 4 for m in messages)
+        if body.get("tools"):
+            prompt_tokens += len(json.dumps(body["tools"])) // 4
+        if prompt_tokens > self.a.context_length:
+            return web.json_response({"object": "error", "code": 400, "message":
+                                      f"prompt is {prompt_tokens} tokens, longer than the context "
+                                      f"{self.a.context_length}"}, status=400)
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 128)
+        seed = int(body.get("seed") or 0)
+        last = messages[-1]
+        prompt = _text_of(last.get("content")) + "|" + str(len(messages))
+        text, n, finish = self._completion(prompt, max_tokens, seed)
+        message: Dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None,
+                                   "tool_calls": None}
+        tools = body.get("tools")
+        if tools and last.get("role") != "tool" and body.get("tool_choice", "auto") != "none":
+            fn = tools[0].get("function", {}) if isinstance(tools[0], dict) else {}
+            props = list((fn.get("parameters") or {}).get("properties", {}))
+            args = {p: _words(zlib.crc32(p.encode(), seed), 2) for p in props}
+            call_id = f"call_{zlib.crc32(prompt.encode()) & 0xFFFFFF:06x}"
+            message["tool_calls"] = [{"id": call_id, "index": 0, "type": "function",
+                                      "function": {"name": fn.get("name", "tool"), "arguments": json.dumps(args)}}]
+            message["content"] = None
+            n = 8 + 4 * len(props)
+            finish = "tool_calls"
+        kwargs = body.get("chat_template_kwargs") or {}
+        if kwargs.get("enable_thinking"):
+            message["reasoning_content"] = "Let me think. " + _words(n, 8)
+            n += 10
+        await self._latency(n)
+        self.counters["ok"] += 1
+        self.counters["prompt_tokens"] += prompt_tokens
+        self.counters["generation_tokens"] += n
+        resp = {
+            "id": f"chatcmpl-{self.counters['requests']}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+                         "matched_stop": None}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
+                      "prompt_tokens_details": None},
+        }
+        if self.a.record_requests:
+            with open(self.a.record_requests, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(body) + "\n")
+        return web.Response(body=json.dumps(resp).encode(), content_type="application/json")
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's native endpoint: ``{text, sampling_params}`` -> ``{text, meta_info}``."""
+        self.counters["requests"] += 1
+        fault = await self._fault(request)
+        if fault is not None:
+            return fault
+        try:
+            body = json.loads(await request.read())
+            prompt = body.get("text")
+            if prompt is None and "input_ids" in body:
+                prompt = " ".join(map(str, body["input_ids"]))
+            if not isinstance(prompt, str):
+                raise ValueError("text (or input_ids) is required")
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"error": {"message": f"bad request: {exc}"}}, status=400)
+        sp = body.get("sampling_params") or {}
+        max_new = int(sp.get("max_new_tokens") or 128)
+        text, n, finish = self._completion(prompt, max_new, int(sp.get("seed") or 0))
+        await self._latency(n)
+        prompt_tokens = 1 + len(prompt) // 4
+        self.counters["ok"] += 1
+        self.counters["prompt_tokens"] += prompt_tokens
+        self.counters["generation_tokens"] += n
+        reason: Dict[str, Any] = {"type": finish}
+        if finish == "length":
+            reason["length"] = n
+        return web.json_response({"text": text, "meta_info": {
+            "id": f"gen-{self.counters['requests']}", "prompt_tokens": prompt_tokens, "completion_tokens": n,
+            "cached_tokens": 0, "finish_reason": reason}})
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        if not self.ready():
+            return web.json_response({"object": "error", "message": "server is starting", "code": 503}, status=503)
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": int(self.t0), "owned_by": "sglang", "root": self.model,
+             "max_model_len": self.a.context_length}]})
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200 if self.ready() else 503)
+
+    async def health_generate(self, request: web.Request) -> web.StreamResponse:
+        self.counters["health_generate"] = self.counters.get("health_generate", 0) + 1
+        return web.Response(status=200 if self.ready() else 503)
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        c = self.counters
+        label = f'model_name="{self.model}"'
+        lines = [
+            "# TYPE sglang:prompt_tokens_total counter", f"sglang:prompt_tokens_total{{{label}}} {c['prompt_tokens']}",
+            "# TYPE sglang:generation_tokens_total counter",
+            f"sglang:generation_tokens_total{{{label}}} {c['generation_tokens']}",
+            "# TYPE sglang:num_requests_total counter", f"sglang:num_requests_total{{{label}}} {c['requests']}",
+            "# TYPE standin_ok_total counter", f"standin_ok_total {c['ok']}",
+            "# TYPE standin_injected_503_total counter", f"standin_injected_503_total {c['injected_503']}",
+            "# TYPE standin_dropped_total counter", f"standin_dropped_total {c['dropped']}",
+            "# TYPE standin_health_generate_total counter",
+            f"standin_health_generate_total {c.get('health_generate', 0)}",
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health_generate)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--host", default="127.0.0.1", help="loopback only")
+    ap.add_argument("--port", type=int, default=30000, help="0: any free port (see --port-file)")
+    ap.add_argument("--port-file", help="write the bound port here once listening")
+    ap.add_argument("--model", "--served-model-name", dest="model", default=None)
+    ap.add_argument("--model-path", default=None, help="SGLang's flag; the model name when --model is not given")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fault injection")
+    ap.add_argument("--latency", type=float, default=0.0, help="seconds per request")
+    ap.add_argument("--token-latency", type=float, default=0.0, help="seconds per generated token")
+    ap.add_argument("--fail-rate", type=float, default=0.0, help="share of requests answered 503")
+    ap.add_argument("--retry-after", type=float, default=0, help="Retry-After seconds on injected 503s")
+    ap.add_argument("--drop-rate", type=float, default=0.0, help="share of requests whose connection is dropped")
+    ap.add_argument("--not-ready-for", type=float, default=0.0, help="seconds /health_generate answers 503")
+    ap.add_argument("--listen-delay", type=float, default=0.0, help="seconds before the port is opened")
+    ap.add_argument("--min-tokens", type=int, default=16)
+    ap.add_argument("--max-natural-tokens", type=int, default=64, help="longest natural answer in tokens")
+    ap.add_argument("--context-length", type=int, default=32768)
+    ap.add_argument("--record-requests", help="append every chat request body to this JSONL file")
+    args, _unknown = ap.parse_known_args(argv)  # SGLang/router flags in lab mode are accepted and ignored
+    if args.model is None:
+        args.model = os.path.basename((args.model_path or "standin-model").rstrip("/")) or "standin-model"
+    if not _is_loopback(args.host):
+        ap.error(f"--host {args.host}: the stand-in listens on loopback only (127.0.0.1)")
+    for name in ("fail_rate", "drop_rate"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            ap.error(f"--{name.replace('_', '-')} must be between 0 and 1")
+    if args.fail_rate + args.drop_rate > 1.0:
+        ap.error("--fail-rate plus --drop-rate must not exceed 1")
+    return args
+
+
+async def serve(args: argparse.Namespace) -> None:
+    if args.listen_delay > 0:
+        await asyncio.sleep(args.listen_delay)
+    standin = StandIn(args)
+    standin.t0 = time.monotonic()
+    runner = web.AppRunner(standin.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    site = web.SockSite(runner, sock, backlog=4096)
+    await site.start()
+    port = sock.getsockname()[1]
+    if args.port_file:
+        tmp = args.port_file + ".tmp"
+        with open(tmp, "w", encoding="ascii") as fh:
+            fh.write(f"{port}\n")
+        os.replace(tmp, args.port_file)
+    print(f"standin: serving {args.model!r} on http://{args.host}:{port}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    asyncio.run(serve(parse_args(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
