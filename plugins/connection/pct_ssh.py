@@ -343,7 +343,7 @@ notes:
   - Commands run as root inside the container (that is what C(pct exec) does). C(become) inside the container
     works for methods that need no password as root (C(sudo), C(su)); a C(become_password) is not supported.
   - The control master is a child Python process of the controller that exits O(control_persist) seconds after
-    its last use, or when its SSH connection drops; C(meta: reset_connection) ends it at once.
+    its last use, or when its SSH connection drops; the C(reset_connection) meta task ends it at once.
   - Host keys are checked by default. The simplest safe set-up is O(known_hosts_file) pointing at a file that
     holds the host's key.
 seealso:
@@ -391,16 +391,16 @@ all:
 #         ansible_pct_ssh_command_timeout: 7200
 """
 
-import os
-import stat
-import typing as t
+import os  # noqa: E402
+import stat  # noqa: E402
+import typing as t  # noqa: E402
 
-from ansible.errors import AnsibleAuthenticationFailure, AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
-from ansible.module_utils.common.text.converters import to_bytes, to_text
-from ansible.plugins.connection import ConnectionBase
-from ansible.utils.display import Display
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
-from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
+from ansible.errors import AnsibleAuthenticationFailure, AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
+from ansible.module_utils.common.text.converters import to_bytes, to_text  # noqa: E402
+from ansible.plugins.connection import ConnectionBase  # noqa: E402
+from ansible.utils.display import Display  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh  # noqa: E402
 
 display = Display()
 
@@ -431,7 +431,7 @@ class Connection(ConnectionBase):
         try:
             return _pct.validate_vmid(value, option="proxmox_vmid")
         except _pct.PctError as e:
-            raise AnsibleError("pct_ssh: %s" % e)
+            raise AnsibleError("pct_ssh: %s" % e) from None
 
     def _user(self) -> str:
         return self.get_option("remote_user") or "root"
@@ -440,7 +440,7 @@ class Connection(ConnectionBase):
         try:
             return _pct.become_prefix(self._user(), self.get_option("proxmox_become_method"))
         except _pct.PctError as e:
-            raise AnsibleError("pct_ssh: %s" % e)
+            raise AnsibleError("pct_ssh: %s" % e) from None
 
     def _build_settings(self) -> _pct_ssh.Settings:
         return _pct_ssh.Settings(
@@ -465,6 +465,9 @@ class Connection(ConnectionBase):
     def _connect(self) -> Connection:
         if self._connected and self._session is not None:
             return self
+        # bad input fails here, before anything reaches the network
+        self._vmid()
+        self._prefix()
         settings = self._build_settings()
         persist = int(self.get_option("control_persist"))
         display.vvv("PCT_SSH CONNECT %s (control_persist=%s)" % (settings.host_label(), persist), host=self._host())
@@ -599,7 +602,7 @@ class Connection(ConnectionBase):
                 vmid, cmd, keep_env=self.get_option("keep_env"), pct_path=self.get_option("pct_path"), prefix=self._prefix()
             )
         except _pct.PctError as e:
-            raise AnsibleError("pct_ssh: %s" % e)
+            raise AnsibleError("pct_ssh: %s" % e) from None
         res = self._run(_pct.quote(argv), stdin=in_data)
         if res.timed_out:
             raise AnsibleError(

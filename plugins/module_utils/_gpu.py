@@ -102,6 +102,16 @@ class Sample:
     backend: str
     took: float = 0.0
     notes: tuple[str, ...] = ()
+    # nvidia-smi needs a second call for processes: made only when the memory alone says busy
+    fetch: t.Optional[t.Callable[[], t.Tuple[t.Optional[tuple], str]]] = field(default=None, repr=False)
+
+    def ensure_processes(self) -> None:
+        """Fetch the deferred process list (once)."""
+        if self.fetch is not None:
+            fetch, self.fetch = self.fetch, None
+            self.processes, note = fetch()
+            if note:
+                self.notes = self.notes + (note,)
 
 
 @dataclass
@@ -458,17 +468,22 @@ def run_command(argv: t.Sequence[str], timeout: float) -> tuple[int, str, str]:
     """Run with ``LC_ALL=C`` (numbers and messages as parsed), bounded by ``timeout``."""
     env = dict(os.environ, LC_ALL="C", LANG="C")
     try:
-        proc = subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=env, timeout=timeout, check=False)
+        proc = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise GpuError("%s did not answer within %.0f s (hung driver or lost GPU?)" % (argv[0], timeout)) from exc
+        raise GpuError("%s did not answer within %g s (hung driver or lost GPU?)" % (argv[0], timeout)) from exc
     except OSError as exc:
         raise GpuError("cannot run %s: %s" % (argv[0], exc)) from exc
     return (proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
 
 
 class NvidiaSmiBackend:
-    """Samples through ``nvidia-smi`` CSV queries."""
+    """Samples through ``nvidia-smi`` CSV queries.
+
+    The process list is a second call, made only when the memory alone says
+    busy. While the GPUs are busy it is started alongside the memory query
+    (the next sample will likely need it), so a sample costs one call's time,
+    not two; an unused prefetch is ended, never left behind.
+    """
 
     name = "nvidia_smi"
 
@@ -476,31 +491,76 @@ class NvidiaSmiBackend:
         self.path = path
         self.runner = runner
         self.call_timeout = call_timeout
+        self._prefetch: t.Optional[subprocess.Popen] = None
+        self._want_processes = False
 
     def gpus(self) -> list[GpuInfo]:
         rc, out, err = self.runner(gpu_query_argv(self.path), self.call_timeout)
         check_nvidia_smi(rc, out, err)
         return parse_gpu_csv(out)
 
-    def processes(self) -> tuple[t.Optional[tuple[GpuProcess, ...]], str]:
-        """The process list, or (None, why) when it cannot be had: it is advisory."""
+    def _apps_result(self, rc: int, out: str, err: str) -> tuple[t.Optional[tuple[GpuProcess, ...]], str]:
         try:
-            rc, out, err = self.runner(apps_query_argv(self.path), self.call_timeout)
             check_nvidia_smi(rc, out, err)
             return tuple(parse_apps_csv(out)), ""
         except GpuError as exc:
             return None, "no process list: %s" % exc
 
+    def processes(self) -> tuple[t.Optional[tuple[GpuProcess, ...]], str]:
+        """The process list, or (None, why) when it cannot be had: it is advisory."""
+        self._want_processes = True
+        try:
+            return self._apps_result(*self.runner(apps_query_argv(self.path), self.call_timeout))
+        except GpuError as exc:
+            return None, "no process list: %s" % exc
+
+    def _start_prefetch(self) -> None:
+        if self.runner is not run_command:
+            return
+        try:
+            self._prefetch = subprocess.Popen(apps_query_argv(self.path), stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              env=dict(os.environ, LC_ALL="C", LANG="C"))
+        except OSError:
+            self._prefetch = None
+
+    def _take_prefetch(self, proc: subprocess.Popen) -> tuple[t.Optional[tuple[GpuProcess, ...]], str]:
+        self._want_processes = True
+        if self._prefetch is proc:
+            self._prefetch = None
+        try:
+            out, err = proc.communicate(timeout=self.call_timeout)
+        except subprocess.TimeoutExpired:
+            self._end(proc)
+            return None, "no process list: nvidia-smi did not answer within %g s" % self.call_timeout
+        return self._apps_result(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    @staticmethod
+    def _end(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            proc.kill()
+        try:
+            proc.communicate()
+        except (OSError, ValueError):
+            pass
+
     def sample(self) -> Sample:
         start = time.monotonic()
         now = time.time()
+        self.close()  # an unused prefetch from the previous sample
+        if self._want_processes:
+            self._start_prefetch()
+        self._want_processes = False
+        prefetch = self._prefetch
         gpus = self.gpus()
-        procs, note = self.processes()
-        return Sample(t=now, gpus=tuple(gpus), processes=procs, backend=self.name,
-                      took=time.monotonic() - start, notes=(note,) if note else ())
+        fetch = (lambda: self._take_prefetch(prefetch)) if prefetch is not None else self.processes
+        return Sample(t=now, gpus=tuple(gpus), processes=None, backend=self.name,
+                      took=time.monotonic() - start, fetch=fetch)
 
     def close(self) -> None:
-        pass
+        if self._prefetch is not None:
+            self._end(self._prefetch)
+            self._prefetch = None
 
 
 # ---- waiting ------------------------------------------------------------------------------------
@@ -540,10 +600,12 @@ class Waiter:
         first: t.Optional[Sample] = None
         history: list[dict] = []
         while True:
+            began = self.clock()
             sample = sample_fn()
             count += 1
             first = first or sample
             free, counted = free_fn(sample)
+            sample.took = self.clock() - began  # backend calls and judgement: the next sample starts interval after
             streak = streak + 1 if free else 0
             history.append(_history_entry(sample, wall_start, free, counted))
             del history[:-self.history_limit]

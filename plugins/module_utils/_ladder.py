@@ -405,23 +405,26 @@ def run_ladder(
                     signalled = True
                 else:
                     report.already_gone.append(handle.pid)
-            if rung.signal not in UNCATCHABLE:
-                # a stopped process cannot act on the signal it was just sent
-                for handle in targets:
-                    procs.send(handle, signal.SIGCONT)
+        if rung.signal not in UNCATCHABLE:
+            # a stopped process cannot act on a signal: neither on ours nor on the SIGTERM its
+            # launcher forwards, so every member is continued, not only this rung's targets
+            for handle in procs.live():
+                procs.send(handle, signal.SIGCONT)
         rung_start = clock()
         deadline = Deadline(rung.timeout, clock=clock)
         cap = rung_start + max(max_grace, rung.timeout)
         last_change = None
-        next_sample = rung_start + PROGRESS_SAMPLE
+        sample_every = min(PROGRESS_SAMPLE, max(0.05, progress_stall / 2))
+        next_sample = rung_start + sample_every
         while procs.live():
             now = clock()
-            if baseline is not None and now >= next_sample:
+            if baseline is not None and (now >= next_sample or deadline.expired()):
+                # sampled on schedule, and again right when the timeout is reached, before deciding
                 current = progress_signature(progress_paths)
                 if current != baseline:
                     baseline = current
                     last_change = now
-                next_sample = now + PROGRESS_SAMPLE
+                next_sample = now + sample_every
             if deadline.expired():
                 if last_change is None or now - last_change > progress_stall or now >= cap:
                     break

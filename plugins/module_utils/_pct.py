@@ -262,7 +262,7 @@ def classify_failure(stderr: str) -> t.Optional[str]:
     """
     text = stderr or ""
     low = text.lower()
-    if re.search(r"\bCT \d+ not running\b", text) or "container is not running" in low or "is not running" in low:
+    if re.search(r"\b(?:CT|VM) \d+ not running\b|container '\d+' not running|can only (?:push|pull) files (?:to|from) a running", text):
         return FAIL_STOPPED
     if re.search(r"Configuration file '[^']*/\d+\.conf' does not exist", text) or "does not exist" in low and "conf" in low:
         return FAIL_MISSING
@@ -285,3 +285,49 @@ def parse_vmlist(text: str, vmid: int) -> t.Optional[str]:
     if isinstance(entry, dict) and isinstance(entry.get("node"), str):
         return entry["node"]
     return None
+
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CHDIR_FAILED_RC = 126  # like a shell's "cannot execute": the command never started
+TIMEOUT_RCS = (124, 137)  # GNU timeout: 124 after the signal, 128+9 when --kill-after had to SIGKILL
+
+
+def wrap_argv(
+    argv: t.Sequence[str],
+    chdir: t.Optional[str] = None,
+    env: t.Optional[t.Mapping[str, t.Any]] = None,
+    timeout: t.Optional[int] = None,
+    kill_after: int = 5,
+) -> t.List[str]:
+    """The argv to run inside the container for ARGV with CHDIR, ENV and TIMEOUT.
+
+    The timeout is enforced *inside* the container by GNU ``timeout``: it runs
+    the command in its own process group and signals the whole group (TERM,
+    then KILL after KILL_AFTER seconds), so nothing is left behind there. A
+    host-side kill of ``pct exec`` would only end ``lxc-attach`` and orphan the
+    command inside the container.
+    """
+    inner = _check_argv(argv, "argv")
+    if env:
+        assigns = []
+        for key, value in env.items():
+            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+                raise PctError("env key %r is not a valid variable name (letters, digits, _; not starting with a digit)" % (key,))
+            value = "" if value is None else str(value)
+            if "\x00" in value:
+                raise PctError("env value of %s contains a NUL byte" % key)
+            assigns.append("%s=%s" % (key, value))
+        if "=" in inner[0]:
+            raise PctError("with env set, the program name must not contain '=' (env would take it for a variable)")
+        inner = ["env"] + assigns + inner
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout <= 0:
+            raise PctError("timeout must be a positive number of seconds, got %r" % (timeout,))
+        if isinstance(kill_after, bool) or not isinstance(kill_after, int) or kill_after <= 0:
+            raise PctError("kill_after must be a positive number of seconds, got %r" % (kill_after,))
+        inner = ["timeout", "--kill-after=%ds" % kill_after, "%ds" % timeout] + inner
+    if chdir is not None:
+        _check_path(chdir, "chdir")
+        script = 'cd -- "$1" 2>/dev/null || { echo "chdir: cannot enter directory $1" >&2; exit %d; }; shift; exec "$@"' % CHDIR_FAILED_RC
+        inner = [DEFAULT_SHELL, "-c", script, "sh", chdir] + inner
+    return inner

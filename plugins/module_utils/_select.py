@@ -180,12 +180,13 @@ def started_after(info: ProcessInfo, wall_time: float, proc_root: str = "/proc",
     return boot_time(proc_root) + info.starttime / ticks > wall_time + slack
 
 
-def tmux_list_panes_argv(session: str, socket: str | None = None, tmux: str = "tmux") -> list[str]:
-    # "=NAME" is an exact session match: plain "-t dflash" would also accept "dflash-eval"
+def tmux_list_panes_argv(socket: str | None = None, tmux: str = "tmux") -> list[str]:
+    # every pane of the server, filtered by exact session name in Python: tmux's own target
+    # lookup is fuzzy ("list-panes -s -t =dflash" resolves to a session "dflash-eval" in tmux 3.3)
     argv = [tmux]
     if socket:
         argv += ["-S", socket]
-    return argv + ["list-panes", "-s", "-t", "=" + session, "-F", "#{pane_id} #{pane_pid}"]
+    return argv + ["list-panes", "-a", "-F", "#{pane_id}\t#{pane_pid}\t#{session_name}"]
 
 
 def tmux_send_keys_argv(pane_id: str, keys: str = "C-c", socket: str | None = None, tmux: str = "tmux") -> list[str]:
@@ -195,18 +196,19 @@ def tmux_send_keys_argv(pane_id: str, keys: str = "C-c", socket: str | None = No
     return argv + ["send-keys", "-t", pane_id, keys]
 
 
-def parse_panes(text: str) -> list[Pane]:
+def parse_panes(text: str, session: str) -> list[Pane]:
+    """Panes of exactly ``session`` from ``list-panes -a`` output (``%id<TAB>pid<TAB>session``)."""
     panes = []
     for line in text.splitlines():
-        words = line.split()
-        if len(words) == 2 and words[0].startswith("%") and words[1].isdigit():
+        words = line.split("\t", 2)
+        if len(words) == 3 and words[2] == session and words[0].startswith("%") and words[1].isdigit():
             panes.append(Pane(words[0], int(words[1])))
     return panes
 
 
 def tmux_panes(session: str, socket: str | None = None, timeout: float = 10.0) -> tuple[list[Pane], str]:
     """The panes of ``session`` and a note; a missing tmux, server or session is no panes, not an error."""
-    argv = tmux_list_panes_argv(session, socket)
+    argv = tmux_list_panes_argv(socket)
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
     except FileNotFoundError:
@@ -214,8 +216,9 @@ def tmux_panes(session: str, socket: str | None = None, timeout: float = 10.0) -
     except subprocess.TimeoutExpired:
         raise SelectError("tmux_session: 'tmux list-panes' did not answer within %ss; check the tmux server" % timeout) from None
     if done.returncode != 0:
-        return [], "no tmux session %r (%s)" % (session, done.stderr.decode(errors="replace").strip())
-    return parse_panes(done.stdout.decode(errors="replace")), ""
+        return [], "no tmux server (%s): no session %r" % (done.stderr.decode(errors="replace").strip(), session)
+    panes = parse_panes(done.stdout.decode(errors="replace"), session)
+    return panes, "" if panes else "no tmux session %r" % session
 
 
 # ---------------------------------------------------------------- pure rules

@@ -17,8 +17,9 @@ description:
     time), including workers in other sessions and process groups, and holds every process by a pidfd,
     so a reused PID can never be signalled.
   - The default ladder is Ctrl-C through tmux (with I(tmux_session)) or SIGINT to the launcher, 45 s;
-    then SIGTERM to every process of the snapshot, 30 s; then SIGKILL, I(kill_timeout). SIGCONT follows
-    every catchable signal, so a stopped process can act on it.
+    then SIGTERM to every process of the snapshot, 30 s; then SIGKILL, I(kill_timeout). SIGCONT to every
+    process of the snapshot follows every catchable signal, so a stopped process can act on it (and on the
+    SIGTERM its launcher forwards).
   - While files under I(progress_paths) keep changing (a checkpoint being written), a rung keeps waiting
     past its timeout, up to I(max_grace).
   - Never signals PID 1, a container's init, this module's own process or its ancestors, kernel threads,

@@ -123,7 +123,7 @@ def _append_known_host(path: str, line: str, timeout: float) -> None:
                 break
             except OSError:
                 if time.monotonic() >= deadline:
-                    raise SessionError("config", "could not lock %s within lock_file_timeout=%ss" % (path, timeout))
+                    raise SessionError("config", "could not lock %s within lock_file_timeout=%ss" % (path, timeout)) from None
                 time.sleep(0.05)
         try:
             with open(path, "a") as fh:
@@ -144,7 +144,7 @@ class DirectSession:
         try:
             import paramiko
         except ImportError as e:
-            raise SessionError("config", "the pct_ssh connection needs the Python library paramiko: %s" % e)
+            raise SessionError("config", "the pct_ssh connection needs the Python library paramiko: %s" % e) from None
 
         s = self.settings
         client = paramiko.SSHClient()
@@ -155,7 +155,7 @@ class DirectSession:
                     try:
                         client.load_system_host_keys(path)
                     except (OSError, paramiko.hostkeys.InvalidHostKey) as e:
-                        raise SessionError("config", "cannot read known_hosts file %s: %s" % (path, e))
+                        raise SessionError("config", "cannot read known_hosts file %s: %s" % (path, e)) from None
 
         outer = self
 
@@ -199,13 +199,13 @@ class DirectSession:
                 "the host key of %s changed: expected %s, got %s. This can be an attack; if the host was reinstalled, "
                 "remove its old line from %s"
                 % (known_hosts_name(s.host, s.port), fingerprint_sha256(e.expected_key), fingerprint_sha256(e.key), s.known_hosts_file),
-            )
+            ) from None
         except paramiko.AuthenticationException as e:
             client.close()
-            raise SessionError("auth", "login as %s failed: %s" % (s.user or "(default user)", e or type(e).__name__))
+            raise SessionError("auth", "login as %s failed: %s" % (s.user or "(default user)", e or type(e).__name__)) from None
         except (OSError, EOFError, paramiko.SSHException) as e:
             client.close()
-            raise SessionError("unreachable", "%s: %s" % (type(e).__name__, e))
+            raise SessionError("unreachable", "%s: %s" % (type(e).__name__, e)) from None
         if s.keepalive:
             client.get_transport().set_keepalive(s.keepalive)
         self.client = client
@@ -261,7 +261,7 @@ class DirectSession:
         except SessionError:
             raise
         except Exception as e:  # paramiko raises SSHException/EOFError/socket errors here
-            raise SessionError("gone", "could not open an SSH channel: %s" % e)
+            raise SessionError("gone", "could not open an SSH channel: %s" % e) from None
         src: t.Optional[t.BinaryIO] = open(stdin_path, "rb") if stdin_path else None
         sink: t.Optional[t.BinaryIO] = open(stdout_path, "wb") if stdout_path else None
         try:
@@ -283,7 +283,7 @@ class DirectSession:
         except SessionError:
             raise
         except Exception as e:
-            raise SessionError("sftp_unavailable", "SFTP is not available on %s: %s" % (self.settings.host_label(), e))
+            raise SessionError("sftp_unavailable", "SFTP is not available on %s: %s" % (self.settings.host_label(), e)) from None
 
     def mkdtemp(self) -> str:
         """A fresh private (0700) directory in the host's /tmp."""
@@ -316,7 +316,7 @@ class DirectSession:
             if got != size:
                 raise SessionError("transfer", "SFTP wrote %s bytes of %s to %s" % (got, size, remote))
         except (OSError, EOFError) as e:
-            raise SessionError("transfer", "SFTP upload of %s to the host's %s failed: %s" % (local, remote, e))
+            raise SessionError("transfer", "SFTP upload of %s to the host's %s failed: %s" % (local, remote, e)) from None
         finally:
             sftp.close()
 
@@ -332,7 +332,7 @@ class DirectSession:
                         break
                     dst.write(block)
         except (OSError, EOFError) as e:
-            raise SessionError("transfer", "SFTP download of the host's %s to %s failed: %s" % (remote, local, e))
+            raise SessionError("transfer", "SFTP download of the host's %s to %s failed: %s" % (remote, local, e)) from None
         finally:
             sftp.close()
 
@@ -346,7 +346,7 @@ class DirectSession:
                 sftp.remove(path + "/" + name)
             sftp.rmdir(path)
         except OSError as e:
-            raise SessionError("transfer", "cannot remove the temporary directory %s on the host: %s" % (path, e))
+            raise SessionError("transfer", "cannot remove the temporary directory %s on the host: %s" % (path, e)) from None
         finally:
             sftp.close()
 
@@ -458,12 +458,12 @@ class MasterClient:
             try:
                 sock.connect(self.path)
             except OSError as e:
-                raise SessionError("gone", "control master %s is not answering: %s" % (self.path, e))
+                raise SessionError("gone", "control master %s is not answering: %s" % (self.path, e)) from None
             try:
                 _send(sock, header, *blobs)
                 reply, data = _recv(sock)
             except (OSError, EOFError, ValueError) as e:
-                raise SessionError("master", "control master %s failed during %s: %s" % (self.path, header.get("op"), e))
+                raise SessionError("master", "control master %s failed during %s: %s" % (self.path, header.get("op"), e)) from None
         finally:
             sock.close()
         if "error" in reply:
@@ -533,7 +533,7 @@ def open_master(settings: Settings, directory: str, persist: int, start_timeout:
                 break
             except OSError:
                 if time.monotonic() >= deadline:
-                    raise SessionError("master", "timed out waiting for another worker starting the control master %s" % path)
+                    raise SessionError("master", "timed out waiting for another worker starting the control master %s" % path) from None
                 time.sleep(0.02)
         try:
             if client.ping():
@@ -568,7 +568,7 @@ def open_master(settings: Settings, directory: str, persist: int, start_timeout:
                 reply = json.loads(line.decode("utf-8"))
             except ValueError:
                 proc.wait(5)
-                raise SessionError("master", "the control master exited with %s before reporting" % proc.returncode)
+                raise SessionError("master", "the control master exited with %s before reporting" % proc.returncode) from None
             if not reply.get("ok"):
                 proc.wait(5)
                 raise SessionError(reply["kind"], reply["msg"])
@@ -586,6 +586,7 @@ class _Master:
         self.last = time.monotonic()
         self.lock = threading.Lock()
         self.stopping = False
+        self.ino = 0
 
     def handle(self, conn: socket.socket) -> None:
         with self.lock:
@@ -616,6 +617,7 @@ class _Master:
             return {"ok": True, "pid": os.getpid()}, ()
         if op == "stop":
             self.stopping = True
+            _unlink_if_ours(self.path, self.ino)  # new clients start a fresh master at once
             return {"ok": True}, ()
         if op == "exec":
             r = s.exec(
@@ -654,6 +656,32 @@ class _Master:
             except socket.timeout:
                 continue
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+        self.shutdown(srv)
+
+    def shutdown(self, srv: socket.socket) -> None:
+        """Leave without dropping a request: unlink first, then serve what is queued."""
+        _unlink_if_ours(self.path, self.ino)
+        srv.settimeout(0.05)
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except (socket.timeout, OSError):
+                break
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+        deadline = time.monotonic() + 24 * 3600  # a running transfer may take long; each request is bounded itself
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.active == 0:
+                    return
+            time.sleep(0.05)
+
+
+def _unlink_if_ours(path: str, ino: int) -> None:
+    try:
+        if os.stat(path).st_ino == ino:  # never remove a successor's socket
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _serve_main(path: str, persist: float) -> int:
@@ -683,14 +711,12 @@ def _serve_main(path: str, persist: float) -> int:
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
+    master = _Master(session, path, persist)
+    master.ino = ino
     try:
-        _Master(session, path, persist).serve(srv)
+        master.serve(srv)
     finally:
-        try:
-            if os.stat(path).st_ino == ino:  # never remove a successor's socket
-                os.unlink(path)
-        except OSError:
-            pass
+        _unlink_if_ours(path, ino)
         srv.close()
         session.close()
     return 0

@@ -554,6 +554,8 @@ def main(argv: list[str] | None = None) -> int:
             changes["hang_seconds"] = args.hang_seconds
         print(json.dumps(set_config(sdir, **changes), indent=1))
     elif args.cmd == "hold":
+        # die on SIGTERM even as PID 1 of a PID namespace, where the default action is ignored
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
         for gpu in args.gpu:
             hold(gpu, args.mib, sdir)
         print("holding gpus %s with %d MiB each, pid %d" % (",".join(map(str, args.gpu)), args.mib, os.getpid()),

@@ -100,6 +100,7 @@ class StandIn:
         """Maybe inject a fault: a 503, or a dropped connection. None: answer normally."""
         a = self.a
         if not self.ready():
+            self.counters["while_not_ready"] = self.counters.get("while_not_ready", 0) + 1
             return web.json_response({"object": "error", "message": "server is starting", "code": 503}, status=503)
         r = self.rng.random()
         if r < a.fail_rate:
@@ -252,6 +253,8 @@ class StandIn:
             "# TYPE standin_ok_total counter", f"standin_ok_total {c['ok']}",
             "# TYPE standin_injected_503_total counter", f"standin_injected_503_total {c['injected_503']}",
             "# TYPE standin_dropped_total counter", f"standin_dropped_total {c['dropped']}",
+            "# TYPE standin_requests_while_not_ready_total counter",
+            f"standin_requests_while_not_ready_total {c.get('while_not_ready', 0)}",
             "# TYPE standin_health_generate_total counter",
             f"standin_health_generate_total {c.get('health_generate', 0)}",
         ]

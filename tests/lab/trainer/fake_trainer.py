@@ -124,7 +124,7 @@ def write_checkpoint(ckpt_dir: str, step: int, seconds: float = 0.0) -> str:
             handle.flush()
             if seconds > 0:
                 time.sleep(seconds / chunks)
-        handle.write(b"sha256:" + digest.hexdigest().encode() + b"\n")
+        handle.write(b"\nsha256:" + digest.hexdigest().encode() + b"\n")
         handle.flush()
         os.fsync(handle.fileno())
     os.rename(tmp, final)
@@ -145,7 +145,6 @@ def verify_checkpoint(path: str) -> int:
     body, sep, trailer = data.rstrip(b"\n").rpartition(b"\nsha256:")
     if not sep:
         raise ValueError("%s: no sha256 trailer (torn write)" % path)
-    body += b"\n"
     if hashlib.sha256(body).hexdigest().encode() != trailer:
         raise ValueError("%s: checksum mismatch" % path)
     return int(json.loads(body.split(b"\n", 1)[0])["step"])
@@ -323,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    passed = [a for a in argv]
-    return launcher(args, passed)
+    return launcher(args, argv)
 
 
 if __name__ == "__main__":

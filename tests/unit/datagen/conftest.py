@@ -1,8 +1,7 @@
-"""Shared set-up for the datagen tests: the package on sys.path, real-schema fixture rows, a tiny tokenizer."""
+"""Shared set-up for the datagen tests: the package on sys.path, a tiny tokenizer (rows live in dg_rows.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -12,135 +11,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 FILES = os.path.join(ROOT, "roles", "sglang_datagen", "files")
 if FILES not in sys.path:
     sys.path.insert(0, FILES)
-
-
-def write_jsonl(path, rows, raw_lines=()):
-    """Rows as JSON lines, then ``raw_lines`` verbatim (malformed input)."""
-    os.makedirs(os.path.dirname(str(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        for r in rows:
-            fh.write(json.dumps(r) + "\n")
-        for line in raw_lines:
-            fh.write(line + "\n")
-    return str(path)
-
-
-def write_parquet(path, rows):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.Table.from_pylist(rows), str(path))
-    return str(path)
-
-
-# ------------------------------------------------------------ rows in the real Hub schemas
-
-def infinity_row(i, text=None, lang="en", cate=("natural language processing and understanding",)):
-    return {
-        "id": f"ii-{i}",
-        "conversations": [
-            {"from": "human", "value": text or f"Explain idea number {i} in plain words."},
-            {"from": "gpt", "value": f"Idea {i} is simple."},
-        ],
-        "label": {"ability_en": ["explanation"], "ability_zh": ["解释"], "cate_ability_en": list(cate),
-                  "cate_ability_zh": ["自然语言处理与理解"]},
-        "langdetect": lang,
-        "source": "Subjective",
-    }
-
-
-def webinstruct_row(i):
-    return {"orig_question": f"q{i}", "orig_answer": "a", "question": f"Why does ice float on water? ({i})",
-            "answer": "Density.", "source": "socratic", "index": i}
-
-
-def codefeedback_row(i):
-    return {"query": f"Write a Python function that returns {i} squared.", "answer": "def f(): ...",
-            "resource": "wizardcoder", "lang": "python"}
-
-
-def metamath_row(i):
-    return {"type": "GSM_Rephrased", "query": f"What is {i} plus {i}?", "original_question": "x",
-            "response": f"The answer is: {2 * i}"}
-
-
-HERMES_SYSTEM = (
-    "You are a function calling AI model. You are provided with function signatures within <tools> </tools> "
-    "XML tags.\n<tools>\n[{'type': 'function', 'function': {'name': 'get_weather', 'description': 'Weather.', "
-    "'parameters': {'type': 'object', 'properties': {'city': {'type': 'string'}}, 'required': ['city']}}}]\n"
-    "</tools>\nFor each function call return a json object ... <tool_call>\n{'arguments': <args-dict>, "
-    "'name': <function-name>}\n</tool_call>\n"
-)
-
-
-def hermes_row(i, with_tools_column=False, multi_turn=True):
-    conv = [
-        {"from": "system", "value": HERMES_SYSTEM},
-        {"from": "human", "value": f"What is the weather in city {i}?"},
-        {"from": "gpt", "value": f"<tool_call>\n{{'arguments': {{'city': 'C{i}'}}, 'name': 'get_weather'}}\n</tool_call>\n"},
-    ]
-    if multi_turn:
-        conv += [
-            {"from": "tool", "value": f'<tool_response>\n{{"name": "get_weather", "content": {{"temp": {i}}}}}\n</tool_response>\n'},
-            {"from": "gpt", "value": f"It is {i} degrees."},
-        ]
-    row = {"id": f"h-{i}", "conversations": conv, "category": "Weather", "subcategory": "API", "task": "Weather"}
-    if with_tools_column:
-        row["tools"] = json.dumps([{"type": "function", "function": {"name": "get_weather", "description": "W",
-                                                                     "parameters": {"type": "object"}}}])
-    return row
-
-
-def orca_row(i):
-    return {"messages": json.dumps([
-        {"role": "system", "content": ""},
-        {"role": "user", "content": f"Plan the steps to rename file {i} in a repository."},
-        {"role": "assistant", "content": "1. git mv ..."},
-    ])}
-
-
-def agentinstruct_row(i):
-    return {"id": f"os_{i}", "conversations": [
-        {"from": "human", "value": f"You are an agent in a Linux shell. Task {i}: count files.", "loss": None},
-        {"from": "gpt", "value": "Think: use ls.\nAct: bash\n```bash\nls | wc -l\n```", "loss": True},
-        {"from": "human", "value": f"The output of the OS:\n{i}", "loss": None},
-        {"from": "gpt", "value": f"Act: answer({i})", "loss": True},
-    ]}
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # dg_rows.py
+    sys.path.insert(0, HERE)
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory):
     """A byte-level BPE tokenizer with a ChatML chat template (tools aware), built locally: no Hub."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    import dg_rows
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [
-        "user assistant system tool Explain idea number in plain words. What is the weather in city?",
-        "It is degrees. def f(): return x squared Python function plan the steps rename file repository",
-        "<tools> </tools> <tool_call> </tool_call> get_weather arguments name city {\"type\": \"function\"}",
-    ] * 20
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus, trainer)
-    template = (
-        "{%- if tools %}<|im_start|>system\n# Tools\n<tools>\n{%- for t in tools %}\n{{ t | tojson }}{%- endfor %}\n"
-        "</tools><|im_end|>\n{%- endif %}"
-        "{%- for m in messages %}"
-        "{%- if m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
-        "{%- if m.tool_calls %}{%- for c in m.tool_calls %}\n<tool_call>\n{{ c.function | tojson }}\n</tool_call>"
-        "{%- endfor %}{%- endif %}<|im_end|>\n"
-        "{%- elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
-        "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}"
-        "{%- endfor %}"
-        "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
-    )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>")
-    fast.chat_template = template
-    out = tmp_path_factory.mktemp("tok")
-    fast.save_pretrained(str(out))
-    return str(out)
+    return dg_rows.build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))

@@ -226,8 +226,10 @@ def _check_sources(c: _Checker, value: Any, mix: Dict[str, float]) -> List[Sourc
         if has_hub:
             hub = c.mapping(f"{key}.hub", raw["hub"], HUB_KEYS)
             c.str_(f"{key}.hub.repo", hub.get("repo"), required=True)
-            if not hub.get("revision"):
+            if hub.get("revision") is None or hub.get("revision") == "":
                 c.err(f"{key}.hub.revision", "is required: pin a commit sha so reruns read the same data")
+            elif not isinstance(hub["revision"], str):
+                c.err(f"{key}.hub.revision", f"must be a string, got {hub['revision']!r} (quote the sha in YAML)")
         category = c.str_(f"{key}.category", raw.get("category"))
         if category is not None and mix and category not in mix:
             c.err(f"{key}.category", f"{category!r} is not in target_mix ({', '.join(sorted(mix))})")
@@ -287,7 +289,7 @@ def validate(raw: Any, path: str = "<config>", check_inputs: bool = True) -> Con
     tokenizer = c.str_("tokenizer", raw.get("tokenizer"))
     if tokenizer and (tokenizer.startswith((".", "/", "~")) or os.path.isabs(tokenizer)):
         tokenizer = c.path(tokenizer)
-        if not os.path.isdir(tokenizer):
+        if c.check_inputs and not os.path.isdir(tokenizer):
             c.err("tokenizer", f"directory not found: {tokenizer} (a local tokenizer dir, or a Hub model id)")
     mix = _check_mix(c, raw.get("target_mix"))
     existing = None

@@ -111,7 +111,7 @@ def _run_locked(settings: GenerateSettings, prompts_path: str, work_dir: str) ->
         total, done_at_start = count_lines(prompts_path), 0
     progress = Progress(total, done_at_start, settings.servers)
     progress_path = os.path.join(work_dir, GENERATE_PROGRESS)
-    output = AppendLog(os.path.join(work_dir, GENERATED))
+    output = AppendLog(os.path.join(work_dir, GENERATED), flush_bytes=0)
     errors = AppendLog(os.path.join(work_dir, GENERATE_ERRORS), flush_bytes=1)
     summary_state = "failed"
     engine: Optional[Engine] = None

@@ -19,8 +19,19 @@ from datagen import __version__, paths, quota
 from datagen.existing import iter_existing
 from datagen.sources import Unusable, adapt, iter_source, to_prompt
 from datagen.util import (
-    AtomicWriter, DatagenError, dumps, file_stamp, fingerprint, iter_jsonl, peak_rss_mib, prompt_key, read_json,
-    stable_id, unit_interval, write_json,
+    AtomicWriter,
+    DatagenError,
+    canonical_prompt,
+    dumps,
+    file_stamp,
+    fingerprint,
+    hash64,
+    peak_rss_mib,
+    prompt_key,
+    read_json,
+    stable_id,
+    unit_interval,
+    write_json,
 )
 
 
@@ -70,6 +81,7 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
 
     seen: set = set()
     ranks: Dict[Tuple[str, str], array] = {}
+    bucket_no: Dict[Tuple[str, str], int] = {}
     per_source: Dict[str, Dict[str, Any]] = {}
     manual = {s.name: s.count for s in cfg.sources if s.count is not None}
     spool_path = paths.in_work(work, paths.PREPARE_SPOOL)
@@ -90,7 +102,8 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
                         raise Unusable("too_long")
                     if category not in cfg.target_mix and spec.name not in manual:
                         raise Unusable("category_not_targeted")
-                    key = prompt_key(messages, tools)
+                    canonical = canonical_prompt(messages, tools)
+                    key = hash64(canonical)
                     if key in existing_keys:
                         raise Unusable("duplicate_existing")
                     if key in seen:
@@ -100,15 +113,19 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
                     continue
                 seen.add(key)
                 row: Dict[str, Any] = {
-                    "id": stable_id(spec.name, messages, tools), "source": spec.name, "category": category,
-                    "messages": messages,
+                    "id": stable_id(spec.name, messages, tools, canonical), "source": spec.name,
+                    "category": category, "messages": messages,
                 }
                 if tools:
                     row["tools"] = tools
                 rank = unit_interval(cfg.seed, row["id"])
-                ranks.setdefault((spec.name, category), array("Q")).append(rank)
-                spool.write(dumps(row))
-                spool.write("\n")
+                bucket = (spec.name, category)
+                if bucket not in ranks:
+                    ranks[bucket] = array("Q")
+                    bucket_no[bucket] = len(bucket_no)
+                ranks[bucket].append(rank)
+                # "rank bucket<TAB>json": pass 2 decides from the prefix and copies the JSON untouched
+                spool.write(f"{rank} {bucket_no[bucket]}\t{dumps(row)}\n")
                 stats["usable"] += 1
 
     available = {k: len(v) for k, v in ranks.items()}
@@ -121,20 +138,24 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
 
     written: Dict[str, int] = {}
     by_cat: Dict[str, int] = {}
-    taken: Dict[Tuple[str, str], int] = {}
-    with AtomicWriter(out_path) as out:
-        for _, row in iter_jsonl(spool_path):
-            k = (row["source"], row["category"])
-            limit = take.get(k, 0)
-            if limit <= 0 or taken.get(k, 0) >= limit:
+    buckets = {no: b for b, no in bucket_no.items()}
+    taken = {no: 0 for no in buckets}
+    limits = {no: take.get(b, 0) for no, b in buckets.items()}
+    cut = {no: thresholds.get(b, -1) for no, b in buckets.items()}
+    with AtomicWriter(out_path) as out, open(spool_path, encoding="utf-8") as spool_in:
+        for line in spool_in:
+            head, _, body = line.partition("\t")
+            rank_s, no_s = head.split(" ")
+            no = int(no_s)
+            if taken[no] >= limits[no] or int(rank_s) > cut[no]:
                 continue
-            if unit_interval(cfg.seed, row["id"]) > thresholds[k]:
-                continue
-            taken[k] = taken.get(k, 0) + 1
-            _bump(written, row["source"])
-            _bump(by_cat, row["category"])
-            out.write(dumps(row))
-            out.write("\n")
+            taken[no] += 1
+            out.write(body)
+    for no, n in taken.items():
+        if n:
+            src, cat = buckets[no]
+            _bump(written, src, n)
+            _bump(by_cat, cat, n)
     os.unlink(spool_path)
 
     total_written = sum(written.values())

@@ -62,9 +62,12 @@ def prompt_key(messages: List[Dict[str, Any]], tools: Optional[List[Any]] = None
     return hash64(canonical_prompt(messages, tools))
 
 
-def stable_id(source: str, messages: List[Dict[str, Any]], tools: Optional[List[Any]] = None) -> str:
+def stable_id(source: str, messages: List[Dict[str, Any]], tools: Optional[List[Any]] = None,
+              canonical: Optional[str] = None) -> str:
     """Row id: hash of source name and canonical prompt (24 hex chars; collisions need ~2^48 rows)."""
-    return blake(source + "\x1f" + canonical_prompt(messages, tools), 12).hex()
+    if canonical is None:
+        canonical = canonical_prompt(messages, tools)
+    return blake(source + "\x1f" + canonical, 12).hex()
 
 
 # ---------------------------------------------------------------- JSONL

@@ -190,6 +190,10 @@ def test_parse_status_rejects_garbage():
     "stderr, expected",
     [
         ("CT 201 not running\n", _pct.FAIL_STOPPED),
+        ("container '201' not running!\n", _pct.FAIL_STOPPED),
+        ("can only push files to a running CT\n", _pct.FAIL_STOPPED),
+        ("can only pull files from a running VM\n", _pct.FAIL_STOPPED),
+        ("the service is not running\n", None),
         ("Configuration file 'nodes/pve1/lxc/999.conf' does not exist\n", _pct.FAIL_MISSING),
         ("sudo: a password is required\n", _pct.FAIL_SUDO),
         ("Sorry, user pvenosudo is not allowed to execute '/usr/sbin/pct status 200' as root on pve1.\n", _pct.FAIL_SUDO),
@@ -213,3 +217,50 @@ def test_classify_failure(stderr, expected):
 )
 def test_parse_vmlist(text, expected):
     assert _pct.parse_vmlist(text, 200) == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({}, ["echo", "hi"]),
+        ({"env": {"A": "1 2", "B": None}}, ["env", "A=1 2", "B=", "echo", "hi"]),
+        ({"timeout": 10}, ["timeout", "--kill-after=5s", "10s", "echo", "hi"]),
+        ({"timeout": 10, "kill_after": 2, "env": {"X": "$y"}}, ["timeout", "--kill-after=2s", "10s", "env", "X=$y", "echo", "hi"]),
+    ],
+)
+def test_wrap_argv(kwargs, expected):
+    assert _pct.wrap_argv(["echo", "hi"], **kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"env": {"A B": "x"}}, "env key"),
+        ({"env": {"1A": "x"}}, "env key"),
+        ({"env": {"A": "x\x00"}}, "NUL"),
+        ({"timeout": 0}, "timeout must be"),
+        ({"timeout": True}, "timeout must be"),
+        ({"timeout": 5, "kill_after": 0}, "kill_after"),
+        ({"chdir": ""}, "chdir"),
+    ],
+)
+def test_wrap_argv_rejects(kwargs, fragment):
+    with pytest.raises(_pct.PctError, match=fragment):
+        _pct.wrap_argv(["echo"], **kwargs)
+
+
+@pytest.mark.parametrize("directory", ["/", "/tmp/d\u00e9 'x' $(id)", "/tmp/no such dir"])
+def test_wrap_argv_chdir_runs_in_a_real_shell(tmp_path, directory):
+    """The chdir wrapper, run by /bin/sh here, enters hostile names or fails with its own code."""
+    target = directory
+    if directory.startswith("/tmp/d"):
+        target = str(tmp_path / directory[5:])
+        import os
+
+        os.mkdir(target)
+    argv = _pct.wrap_argv(["pwd"], chdir=target, env={"V": "$HOME `id`"})
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if "no such" in directory:
+        assert res.returncode == _pct.CHDIR_FAILED_RC and "cannot enter directory" in res.stderr
+    else:
+        assert res.returncode == 0 and res.stdout == target + "\n"

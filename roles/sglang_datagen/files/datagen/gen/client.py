@@ -33,6 +33,9 @@ RETRY_STATUS = frozenset({408, 409, 425, 429})
 # Keys the output row owns; an input row's own copy would make duplicate JSON keys.
 OUTPUT_KEYS = frozenset({"id", "messages", "tools", "finish_reason", "usage", "sampling", "server", "model"})
 
+# rows buffered for the writer thread before the workers wait for it
+_MAX_PENDING = 64 << 20
+
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _loads = json.loads
 
@@ -338,7 +341,10 @@ class Engine:
             await srv.event.wait()
             if not srv.ready:
                 return
+        out = self.out
         while not self.stopping:
+            while out.pending > _MAX_PENDING:  # the disk is slower than the servers: wait for the writer
+                await asyncio.sleep(0.05)
             job = self._next_job()
             if job is None:
                 return
@@ -397,23 +403,27 @@ class Engine:
     # ------------------------------------------------------------ housekeeping
 
     async def _ticker(self) -> None:
-        """Flush the output, fsync it every ``fsync_interval``, rewrite the progress file."""
+        """Hand the buffered rows to the writer thread, fsync every ``fsync_interval``, rewrite the progress file."""
         loop = asyncio.get_running_loop()
         s = self.s
-        tick = min(s.fsync_interval, s.progress_interval)
+        tick = min(s.fsync_interval, s.progress_interval, 0.25)
         next_sync = loop.time() + s.fsync_interval
         next_progress = loop.time()
         while True:
             await asyncio.sleep(tick)
             now = loop.time()
-            if now >= next_sync:
-                self.out.flush()
-                self.err.flush()
-                # fsync waits on the disk: off the event loop, the requests keep flowing
-                self._sync_fut = loop.run_in_executor(None, _sync_both, self.out, self.err)
-                await self._sync_fut
-                self._sync_fut = None
+            sync = now >= next_sync
+            if sync:
                 next_sync = now + s.fsync_interval
+            data = self.out.take()
+            if data or sync:
+                # write and fsync off the event loop: an append to a page under writeback waits
+                # for the disk, and the requests must keep flowing meanwhile
+                self._sync_fut = loop.run_in_executor(None, _write_and_sync, self.out, data, self.err, sync)
+                # shielded: cancelling the ticker at the end must not cancel a write that has not started
+                # (the rows are already out of the buffer); run() waits for it before the files close
+                await asyncio.shield(self._sync_fut)
+                self._sync_fut = None
             if now >= next_progress:
                 self.write_progress()
                 next_progress = now + s.progress_interval
@@ -514,6 +524,8 @@ class Engine:
                 await asyncio.wait([self._sync_fut])
 
 
-def _sync_both(a: AppendLog, b: AppendLog) -> None:
-    a.sync()
-    b.sync()
+def _write_and_sync(out: AppendLog, data: bytes, err: AppendLog, sync: bool) -> None:
+    out.write(data)
+    if sync:
+        out.sync()
+        err.sync()

@@ -169,7 +169,9 @@ def count_lines(path: str) -> int:
 class AppendLog:
     """Append-only JSONL writer: rows buffer in memory, :meth:`flush` writes them in one call.
 
-    The file is opened ``O_APPEND`` so a line is never interleaved with another
+    ``flush_bytes=0`` never writes from :meth:`add`: the caller hands blocks
+    (:meth:`take`) to a thread that writes and fsyncs them, because a write to a
+    page under writeback can block for as long as the disk takes. The file is opened ``O_APPEND`` so a line is never interleaved with another
     writer's; :meth:`sync` makes what was flushed durable. Rows still buffered
     when the process dies were never written, so resume regenerates them
     instead of finding half of them.
@@ -187,18 +189,30 @@ class AppendLog:
         self._buf.append(line)
         self._size += len(line)
         self.rows += 1
-        if self._size >= self._flush_bytes:
+        if self._flush_bytes and self._size >= self._flush_bytes:
             self.flush()
 
-    def flush(self) -> None:
+    @property
+    def pending(self) -> int:
+        """Characters buffered and not yet handed to the OS."""
+        return self._size
+
+    def take(self) -> bytes:
+        """The buffered rows as one block, buffer emptied (the caller writes it with :meth:`write`)."""
         if not self._buf:
-            return
-        data = memoryview("".join(self._buf).encode("utf-8", "surrogatepass"))
+            return b""
+        data = "".join(self._buf).encode("utf-8", "surrogatepass")
         self._buf.clear()
         self._size = 0
-        while data:
-            written = os.write(self.fd, data)
-            data = data[written:]
+        return data
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def flush(self) -> None:
+        self.write(self.take())
 
     def sync(self) -> None:
         os.fsync(self.fd)

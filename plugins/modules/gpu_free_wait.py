@@ -1,0 +1,411 @@
+#!/usr/bin/python
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: gpu_free_wait
+short_description: Wait until NVIDIA GPU memory is released, or name the processes holding it
+version_added: 0.1.0
+description:
+  - Samples the memory of the selected NVIDIA GPUs until every one of them is at or under O(max_used_mib)
+    for O(stable_for) consecutive samples, or O(timeout) passes.
+  - Reads the GPUs through NVML (nvidia-ml-py's C(pynvml)) when it is importable and C(libnvidia-ml.so) loads,
+    otherwise through C(nvidia-smi --query-gpu ... --format=csv,noheader,nounits) run with C(LC_ALL=C).
+    A missing driver, a failing or garbled C(nvidia-smi), C([N/A]) memory, no devices or a GPU that fell off
+    the bus is a failure naming the cause, never "free".
+  - Finds the processes holding the GPUs the way C(fuser -v /dev/nvidia*) does, by scanning C(/proc/*/fd),
+    because inside an LXC container NVML and C(nvidia-smi) list no processes (or host PIDs). The backend's
+    process list, where its PIDs exist in this PID namespace, adds the MiB each process uses.
+  - On a Proxmox VE host each holder is mapped to its container through its cgroup path (and its PID inside
+    the container through C(NSpid)); O(container) limits the judgement to one container.
+  - It never signals or changes anything. On timeout it fails and names every holder so an operator (or
+    M(gpuops.repurpose.training_stop)) can act.
+author:
+  - gpuops.repurpose contributors (!UNKNOWN)
+options:
+  gpus:
+    description:
+      - The GPUs to judge, each an index (V(0)) or a UUID (V(GPU-...)) as C(nvidia-smi -L) prints them.
+      - Empty means every GPU.
+    type: list
+    elements: str
+    default: []
+  max_used_mib:
+    description:
+      - Memory per GPU, in MiB, that still counts as free.
+      - The default sits above an idle GPU's baseline (a few MiB, a few hundred with a desktop on it) and below
+        a single CUDA context, so any process that still has a context open keeps the GPU busy.
+    type: int
+    default: 512
+  stable_for:
+    description:
+      - Consecutive samples that must all be free, so a momentary dip between two allocations is not taken
+        for a release.
+    type: int
+    default: 2
+  timeout:
+    description: Seconds to wait in all, O(delay) included. V(0) samples once.
+    type: float
+    default: 120
+  interval:
+    description: Seconds between the end of one sample and the start of the next.
+    type: float
+    default: 1.0
+  delay:
+    description: Seconds to wait before the first sample.
+    type: float
+    default: 0
+  ignore_processes:
+    description:
+      - Process names (C(comm) or the base name of C(argv[0]); shell-style patterns allowed) that never count as
+        holders. Memory the backend attributes to them is not counted either.
+      - Setting this replaces the default list.
+    type: list
+    elements: str
+    default: [nvidia-persistenced, nvidia-powerd, nv-hostengine, dcgm-exporter, nvidia-smi, Xorg, X, Xwayland,
+              gnome-shell, kwin_x11, kwin_wayland, sddm-greeter, gdm-x-session]
+  backend:
+    description:
+      - V(auto) uses NVML when nvidia-ml-py is importable and C(libnvidia-ml.so) loads, else C(nvidia-smi).
+        It also takes the process list from C(nvidia-smi) when NVML lacks the function or returns sentinel PIDs.
+      - V(nvml) fails when NVML cannot be used; V(nvidia_smi) never tries NVML.
+    type: str
+    choices: [auto, nvml, nvidia_smi]
+    default: auto
+  nvidia_smi_path:
+    description: The C(nvidia-smi) to run; a bare name is looked up on E(PATH), then in C(/usr/bin) and C(/usr/local/bin).
+    type: str
+    default: nvidia-smi
+  container:
+    description:
+      - On the Proxmox VE host, the VMID whose processes count. Holders in other containers or on the host are
+        reported under RV(ignored_holders), and the memory the backend attributes to them is not counted.
+      - Memory no process is known to own still counts.
+    type: int
+  device_paths:
+    description:
+      - Shell patterns of the device files whose holders are looked for. A fd counts when it is the same file
+        (same character device, or same inode for a bind mount) or when its path matches.
+      - The GPU index is the number at the end of the file name (C(/dev/nvidia3) is GPU 3); other files (C(nvidiactl),
+        C(nvidia-uvm)) make a driver-wide holder.
+    type: list
+    elements: str
+    default: ["/dev/nvidia*"]
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Samples once and reports whether the GPUs are free; never waits and never fails because they are busy.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+  idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
+    support: full
+    details: It only reads; once the GPUs are free a second run reports V(changed=false).
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+notes:
+  - Run it inside the container (through M(gpuops.repurpose.pct_ssh)) or on the PVE host. Inside the container the
+    scan sees only the container's processes; memory held from elsewhere still counts, and the failure says so.
+  - Reading other users' C(/proc/PID/fd) needs root; as another user holders may be missing from the report
+    (never from the memory judgement).
+requirements:
+  - An NVIDIA driver with C(nvidia-smi), or nvidia-ml-py with C(libnvidia-ml.so), on the target.
+seealso:
+  - module: gpuops.repurpose.training_stop
+"""
+
+EXAMPLES = r"""
+- name: Wait up to five minutes for all eight GPUs to be released
+  gpuops.repurpose.gpu_free_wait:
+    timeout: 300
+
+- name: From the PVE host, judge only what CT 200 holds on GPUs 0-3
+  gpuops.repurpose.gpu_free_wait:
+    container: 200
+    gpus: [0, 1, 2, 3]
+    interval: 0.5
+  become: true
+
+- name: Force nvidia-smi from a non-standard place, stricter threshold, three calm samples
+  gpuops.repurpose.gpu_free_wait:
+    backend: nvidia_smi
+    nvidia_smi_path: /opt/nvidia/bin/nvidia-smi
+    max_used_mib: 64
+    stable_for: 3
+  register: gpus_free
+
+- name: Show who still had the GPUs open when it started
+  ansible.builtin.debug:
+    msg: "{{ gpus_free.holders_before | map(attribute='pid') | list }}"
+"""
+
+RETURN = r"""
+free:
+  description: Whether every selected GPU was judged free (in check mode, at the single sample).
+  returned: always
+  type: bool
+  sample: true
+backend:
+  description: The backend that produced the last sample (V(nvml) or V(nvidia_smi)).
+  returned: success
+  type: str
+  sample: nvidia_smi
+backend_notes:
+  description: Why a fallback happened or why no process list was available.
+  returned: always
+  type: list
+  elements: str
+  sample: ["NVML: libnvidia-ml.so not found (NVML Shared Library Not Found); using nvidia-smi"]
+gpus:
+  description: Each selected GPU at the first and the last sample.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    index: {description: GPU index., type: int, returned: success, sample: 0}
+    uuid: {description: GPU UUID., type: str, returned: success, sample: GPU-72e5f72d-18ee-5e60-842e-9c4a48fc83cd}
+    name: {description: Product name., type: str, returned: success, sample: NVIDIA RTX PRO 6000 Blackwell Workstation Edition}
+    bus_id: {description: PCI bus id., type: str, returned: success, sample: "00000000:01:00.0"}
+    memory_total_mib: {description: Total memory., type: int, returned: success, sample: 97887}
+    memory_used_mib_before: {description: Used memory at the first sample., type: int, returned: success, sample: 80004}
+    memory_used_mib_after: {description: Used memory at the last sample., type: int, returned: success, sample: 4}
+    memory_counted_mib_after: {description: Used memory at the last sample less what ignored or out-of-scope processes hold., type: int, returned: success, sample: 4}
+    free: {description: Whether this GPU was at or under O(max_used_mib) at the last sample., type: bool, returned: success, sample: true}
+holders:
+  description:
+    - Processes that count and have a selected GPU (or the driver) open at the end, one entry per process and GPU.
+      Empty when the GPUs were released and the processes are gone.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: PID in this PID namespace (on the PVE host the host PID).
+      type: int
+      returned: success
+      sample: 41234
+    name:
+      description: The process name (comm).
+      type: str
+      returned: success
+      sample: python3
+    cmdline:
+      description: Its command line.
+      type: str
+      returned: success
+      sample: python3 train.py --rank 0
+    gpu:
+      description: GPU index; null when only driver-wide files (nvidiactl, nvidia-uvm) are open.
+      type: int
+      returned: success
+      sample: 0
+    gpu_uuid:
+      description: GPU UUID when known.
+      type: str
+      returned: success
+    device:
+      description: The device file it holds.
+      type: str
+      returned: success
+      sample: /dev/nvidia0
+    used_mib:
+      description: MiB the backend attributes to it; null where unknown (inside containers).
+      type: int
+      returned: success
+    container:
+      description: VMID of its container from the cgroup path; null for host processes.
+      type: int
+      returned: success
+      sample: 200
+    container_pid:
+      description: Its PID inside the container (innermost NSpid); null when not namespaced.
+      type: int
+      returned: success
+    ignored:
+      description: Why it does not count (only in RV(ignored_holders)).
+      type: str
+      returned: success
+holders_before:
+  description: Like RV(holders), scanned before the first sample.
+  returned: success
+  type: list
+  elements: dict
+ignored_holders:
+  description: Holders at the end that do not count, each with the reason in C(ignored).
+  returned: success
+  type: list
+  elements: dict
+foreign_processes:
+  description: Processes the backend lists whose PIDs do not exist in this PID namespace (host PIDs seen from a container).
+  returned: success
+  type: list
+  elements: dict
+elapsed:
+  description: Seconds spent, O(delay) included.
+  returned: always
+  type: float
+  sample: 3.2
+samples:
+  description: How many samples were taken.
+  returned: always
+  type: int
+  sample: 4
+history:
+  description: The last samples (at most 100) with wall-clock time, seconds since start, duration and counted MiB per GPU.
+  returned: success
+  type: list
+  elements: dict
+"""
+
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import (  # noqa: E402
+    DEFAULT_DEVICE_PATHS,
+    DEFAULT_IGNORE_PROCESSES,
+    CheckModeWaiter,
+    GpuError,
+    Waiter,
+    classify_holders,
+    counted_mib,
+    discounted_mib,
+    judge,
+    merge_backend_processes,
+    scan_holders,
+    select_gpus,
+    validate_options,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._nvml import open_backend  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_process  # noqa: E402
+
+
+def _classified(found, p, sample, selected):
+    """(counted, ignored, foreign) holders: the /proc scan merged with the backend's process list."""
+    if found:
+        sample.ensure_processes()  # MiB per holder, where the backend knows it
+    found, foreign = merge_backend_processes(found, sample, sample.gpus, read_process)
+    counted, ignored = classify_holders(found, selected, p["ignore_processes"], p["container"], read_process)
+    return counted, ignored, foreign
+
+
+def _gpu_report(first, last, selected, discount, max_used_mib):
+    before = {g.index: g for g in first.gpus}
+    out = []
+    for g in last.gpus:
+        if g.index not in {s.index for s in selected}:
+            continue
+        counted = counted_mib(g, discount)
+        out.append({"index": g.index, "uuid": g.uuid, "name": g.name, "bus_id": g.bus_id,
+                    "memory_total_mib": g.total_mib,
+                    "memory_used_mib_before": before[g.index].used_mib if g.index in before else None,
+                    "memory_used_mib_after": g.used_mib, "memory_counted_mib_after": counted,
+                    "free": counted <= max_used_mib})
+    return out
+
+
+def _timeout_msg(p, result, report, counted, foreign):
+    busy = [g for g in report if not g["free"]]
+    msg = "GPU memory not released within %s s (%d samples, max_used_mib %d): %s." % (
+        p["timeout"], result.samples, p["max_used_mib"],
+        ", ".join("GPU %d %d MiB" % (g["index"], g["memory_counted_mib_after"]) for g in busy))
+    if counted:
+        msg += " Holders: " + "; ".join(h.describe() for h in counted) + "."
+    else:
+        msg += (" No process here has a GPU device file open (%s): the memory is held from outside this"
+                " PID namespace (run on the PVE host, optionally with container) or by the driver." % ", ".join(p["device_paths"]))
+    if foreign:
+        msg += " The backend lists PIDs foreign to this namespace: %s." % ", ".join(
+            "%d (%s, %s MiB)" % (f["pid"], f["gpu_uuid"], f["used_mib"]) for f in foreign)
+    return msg + " Nothing was signalled."
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            gpus=dict(type="list", elements="str", default=[]),
+            max_used_mib=dict(type="int", default=512),
+            stable_for=dict(type="int", default=2),
+            timeout=dict(type="float", default=120),
+            interval=dict(type="float", default=1.0),
+            delay=dict(type="float", default=0),
+            ignore_processes=dict(type="list", elements="str", default=list(DEFAULT_IGNORE_PROCESSES)),
+            backend=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia_smi"]),
+            nvidia_smi_path=dict(type="str", default="nvidia-smi"),
+            container=dict(type="int"),
+            device_paths=dict(type="list", elements="str", default=list(DEFAULT_DEVICE_PATHS)),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    backend = None
+    try:
+        wanted = validate_options(p["gpus"], p["max_used_mib"], p["stable_for"], p["timeout"], p["interval"],
+                                  p["delay"], p["container"])
+        backend = open_backend(p["backend"], p["nvidia_smi_path"], call_timeout=min(30.0, max(5.0, p["timeout"])))
+        last_discount = {}
+
+        def free_fn(sample):
+            selected = select_gpus(sample.gpus, wanted)
+            discount = {}
+            if not judge(selected, discount, p["max_used_mib"]):
+                # only memory held by ignored or out-of-scope processes can still make it free
+                sample.ensure_processes()
+                discount = discounted_mib(sample, p["ignore_processes"], p["container"], read_process)
+            last_discount.clear()
+            last_discount.update(discount)
+            return judge(selected, discount, p["max_used_mib"]), {g.index: counted_mib(g, discount) for g in selected}
+
+        holders_before = scan_holders(p["device_paths"], exclude_pids={os.getpid()})
+        if module.check_mode:
+            waiter = CheckModeWaiter()
+        else:
+            waiter = Waiter(timeout=p["timeout"], interval=p["interval"], delay=p["delay"], stable_for=p["stable_for"])
+        result = waiter.wait(backend.sample, free_fn)
+        selected = select_gpus(result.last.gpus, wanted)
+        counted, ignored, foreign = _classified(scan_holders(p["device_paths"], exclude_pids={os.getpid()}),
+                                                p, result.last, selected)
+        before = _classified(holders_before, p, result.first, select_gpus(result.first.gpus, wanted))[0]
+        report = _gpu_report(result.first, result.last, selected, last_discount, p["max_used_mib"])
+        notes = list(getattr(backend, "notes", [])) + [n for n in result.last.notes if n]
+    except GpuError as exc:
+        module.fail_json(msg=str(exc), free=False, elapsed=0.0, samples=0, backend_notes=[])
+    finally:
+        if backend is not None:
+            backend.close()
+
+    first_free = result.history[0]["free"] if result.history else result.free
+    out = dict(
+        free=result.free,
+        changed=bool(result.free and not first_free and not module.check_mode),
+        backend=result.last.backend,
+        backend_notes=notes,
+        gpus=report,
+        holders=[h.as_dict() for h in counted],
+        holders_before=[h.as_dict() for h in before],
+        ignored_holders=[h.as_dict() for h in ignored],
+        foreign_processes=foreign,
+        elapsed=round(result.elapsed, 3),
+        samples=result.samples,
+        history=result.history,
+    )
+    if module.check_mode:
+        out["msg"] = "check mode: GPUs %s" % ("free" if result.free else "busy; a real run would wait up to %s s" % p["timeout"])
+        module.exit_json(**out)
+    if not result.free:
+        module.fail_json(msg=_timeout_msg(p, result, report, counted, foreign), **out)
+    if counted:
+        module.warn("GPU memory is released but these processes still have GPU device files open: %s"
+                    % "; ".join(h.describe() for h in counted))
+    module.exit_json(**out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+#!/usr/bin/python
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: proxmox_ct_exec
+short_description: Run one command inside a Proxmox VE LXC container with C(pct exec)
+version_added: 0.1.0
+author: gpuops.repurpose contributors
+description:
+  - Runs on the Proxmox VE host (its own ordinary connection) and executes one command inside container O(vmid)
+    through C(pct exec), the way M(community.docker.docker_container_exec) does for Docker.
+  - The command is an argument list handed to C(pct exec) without any host shell, so arguments arrive intact.
+  - O(timeout) is enforced inside the container by C(timeout --kill-after), which signals the command's whole
+    process group, so a command that runs too long is killed there (nothing is left running) and the task fails
+    saying so.
+  - O(creates)/O(removes) make it idempotent like M(ansible.builtin.command); they are checked inside the container.
+  - O(ensure_running) starts a stopped container first and waits until commands run in it.
+options:
+  vmid:
+    description: VMID of the container, an integer from 100 to 999999999 (as in C(pct list)).
+    type: int
+    required: true
+  argv:
+    description:
+      - The program and its arguments, one list element each. Nothing is parsed by any shell.
+      - Exactly one of O(argv) and O(command) is required.
+    type: list
+    elements: str
+  command:
+    description:
+      - Shell text, run inside the container as O(executable) C(-c COMMAND), so pipes, redirections and
+        variables work (and must be quoted by you).
+    type: str
+  executable:
+    description: The shell inside the container that runs O(command).
+    type: str
+    default: /bin/sh
+  chdir:
+    description: Directory inside the container to run the command in.
+    type: str
+  env:
+    description: Environment variables for the command (added to what C(pct exec) passes; see O(keep_env)).
+    type: dict
+    default: {}
+  stdin:
+    description: Text to feed to the command's stdin.
+    type: str
+  stdin_add_newline:
+    description: Append a newline to O(stdin).
+    type: bool
+    default: true
+  timeout:
+    description:
+      - Seconds the command may run. It is then sent SIGTERM, and SIGKILL O(kill_after) seconds later, together
+        with every process in its process group, and the task fails.
+      - Needs GNU C(timeout) (coreutils) inside the container.
+    type: int
+    default: 3600
+  kill_after:
+    description: Seconds between SIGTERM and SIGKILL when O(timeout) expires.
+    type: int
+    default: 5
+  creates:
+    description: A path inside the container; when it exists the command is not run.
+    type: str
+  removes:
+    description: A path inside the container; when it does not exist the command is not run.
+    type: str
+  ensure_running:
+    description:
+      - Start the container when it is stopped, and wait (up to O(start_timeout)) until a command runs in it.
+      - When V(false), a stopped container fails the task and nothing is run.
+    type: bool
+    default: false
+  start_timeout:
+    description: Seconds to wait for a started container to accept commands.
+    type: int
+    default: 120
+  keep_env:
+    description:
+      - V(true)/V(false) pass C(--keep-env 1)/C(--keep-env 0) to C(pct exec); unset keeps the Proxmox VE
+        release's default, which changes between releases.
+    type: bool
+  pct_path:
+    description: Path of C(pct) on the host.
+    type: path
+    default: /usr/sbin/pct
+attributes:
+  check_mode:
+    support: full
+    details: Reports the C(pct) command it would run; O(creates)/O(removes) are still checked (read-only).
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+    description: The Proxmox VE host (needs C(pct) and root; use C(become)).
+  idempotent:
+    support: partial
+    details: Only with O(creates) or O(removes); otherwise the command runs every time, like M(ansible.builtin.command).
+notes:
+  - To run many tasks inside a container instead of one command, use the P(gpuops.repurpose.pct_ssh#connection)
+    connection plugin.
+seealso:
+  - plugin: gpuops.repurpose.pct_ssh
+    plugin_type: connection
+  - module: ansible.builtin.command
+"""
+
+EXAMPLES = r"""
+- name: Ask the GPUs inside CT200 what they hold
+  gpuops.repurpose.proxmox_ct_exec:
+    vmid: 200
+    argv: [nvidia-smi, --query-gpu=index,memory.used, --format=csv,noheader,nounits]
+    timeout: 30
+  become: true
+  register: gpus
+
+- name: Shell text, with a working directory and environment, started if the container is down
+  gpuops.repurpose.proxmox_ct_exec:
+    vmid: 201
+    command: tail -n 20 train.log | grep -c step
+    chdir: /opt/lab/trainer
+    env:
+      LC_ALL: C.UTF-8
+    ensure_running: true
+  become: true
+
+- name: Only once
+  gpuops.repurpose.proxmox_ct_exec:
+    vmid: 200
+    argv: [python3, -m, venv, /opt/sglang]
+    creates: /opt/sglang/bin/python
+  become: true
+"""
+
+RETURN = r"""
+rc:
+  description: Exit status of the command (C(124)/C(137) when O(timeout) killed it).
+  returned: when the command ran
+  type: int
+  sample: 0
+stdout:
+  description: Its standard output.
+  returned: always
+  type: str
+  sample: "0, 97000\n"
+stderr:
+  description: Its standard error, kept apart from stdout.
+  returned: always
+  type: str
+  sample: ""
+stdout_lines:
+  description: O(stdout) split into lines.
+  returned: always
+  type: list
+  elements: str
+stderr_lines:
+  description: O(stderr) split into lines.
+  returned: always
+  type: list
+  elements: str
+cmd:
+  description: The argument list run (or, in check mode, that would run) on the host.
+  returned: always
+  type: list
+  elements: str
+  sample: [/usr/sbin/pct, exec, "200", --, timeout, --kill-after=5s, 3600s, nvidia-smi]
+ct_status:
+  description: The container's status when the command ran (or when the module stopped).
+  returned: always
+  type: str
+  sample: running
+started:
+  description: Whether the module started the container (O(ensure_running)).
+  returned: always
+  type: bool
+timed_out:
+  description: Whether O(timeout) expired and the command was killed.
+  returned: always
+  type: bool
+elapsed:
+  description: Seconds the command ran.
+  returned: always
+  type: float
+  sample: 0.213
+msg:
+  description: What happened, when the command did not run or failed.
+  returned: sometimes
+  type: str
+"""
+
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import typing as t  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline  # noqa: E402
+
+HOST_MARGIN = 30  # the in-container timeout acts first; this only guards against a hung pct/lxc-attach
+
+
+class ExecFailure(Exception):
+    """Ends the module with fail_json(msg, **result)."""
+
+    def __init__(self, msg: str, **result: t.Any) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.result = result
+
+
+def run(argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> t.Tuple[int, bytes, bytes, bool]:
+    """Run ARGV on the host in its own session; on TIMEOUT kill that whole session."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+        return proc.returncode, out, err, False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return proc.returncode, out, err, True
+
+
+def ct_status(pct_path: str, vmid: int) -> str:
+    rc, out, err, hung = run(_pct.pct_argv("status", vmid, pct_path=pct_path), None, 60)
+    text = err.decode("utf-8", "replace").strip()
+    if hung:
+        raise ExecFailure("`pct status %d` did not answer within 60 s" % vmid)
+    if rc != 0:
+        if _pct.classify_failure(text) == _pct.FAIL_MISSING:
+            raise ExecFailure("container %d does not exist on this host (%s); check vmid against `pct list`" % (vmid, text), ct_status="missing")
+        raise ExecFailure("`pct status %d` failed (rc %d): %s" % (vmid, rc, text))
+    try:
+        return _pct.parse_status(out.decode("utf-8", "replace"))
+    except _pct.PctError as e:
+        raise ExecFailure(str(e)) from None
+
+
+def start_and_wait(pct_path: str, vmid: int, timeout: int) -> None:
+    deadline = Deadline(timeout)
+    rc, out, err, hung = run(_pct.pct_argv("start", vmid, pct_path=pct_path), None, max(1.0, deadline.remaining()))
+    if hung or rc != 0:
+        raise ExecFailure("`pct start %d` failed (rc %s): %s" % (vmid, rc, err.decode("utf-8", "replace").strip()), ct_status="stopped")
+    probe = _pct.exec_argv(vmid, ["true"], pct_path=pct_path)
+    while True:
+        rc, _, err, _ = run(probe, None, max(1.0, min(deadline.remaining(), 10)))
+        if rc == 0:
+            return
+        if deadline.expired():
+            raise ExecFailure(
+                "container %d was started but did not accept commands within start_timeout=%ds: %s"
+                % (vmid, timeout, err.decode("utf-8", "replace").strip()),
+                ct_status=ct_status(pct_path, vmid),
+                started=True,
+            )
+        time.sleep(min(0.2, deadline.remaining()))
+
+
+def path_exists(pct_path: str, vmid: int, path: str, keep_env: t.Optional[bool]) -> bool:
+    rc, _, err, hung = run(_pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env, pct_path=pct_path), None, 60)
+    if hung or rc not in (0, 1):
+        raise ExecFailure("could not check %s inside container %d (rc %s): %s" % (path, vmid, rc, err.decode("utf-8", "replace").strip()))
+    return rc == 0
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            vmid=dict(type="int", required=True),
+            argv=dict(type="list", elements="str"),
+            command=dict(type="str"),
+            executable=dict(type="str", default=_pct.DEFAULT_SHELL),
+            chdir=dict(type="str"),
+            env=dict(type="dict", default={}),
+            stdin=dict(type="str"),
+            stdin_add_newline=dict(type="bool", default=True),
+            timeout=dict(type="int", default=3600),
+            kill_after=dict(type="int", default=5),
+            creates=dict(type="str"),
+            removes=dict(type="str"),
+            ensure_running=dict(type="bool", default=False),
+            start_timeout=dict(type="int", default=120),
+            keep_env=dict(type="bool"),
+            pct_path=dict(type="path", default=_pct.DEFAULT_PCT_PATH),
+        ),
+        mutually_exclusive=[("argv", "command")],
+        required_one_of=[("argv", "command")],
+        supports_check_mode=True,
+    )
+    p = module.params
+    result: t.Dict[str, t.Any] = dict(
+        changed=False, stdout="", stderr="", stdout_lines=[], stderr_lines=[], cmd=[], ct_status="unknown",
+        started=False, timed_out=False, elapsed=0.0,
+    )
+    try:
+        vmid = _pct.validate_vmid(p["vmid"])
+        argv = p["argv"] if p["argv"] is not None else [p["executable"], "-c", p["command"]]
+        inner = _pct.wrap_argv(argv, chdir=p["chdir"], env=p["env"], timeout=p["timeout"], kill_after=p["kill_after"])
+        cmd = _pct.exec_argv(vmid, inner, keep_env=p["keep_env"], pct_path=p["pct_path"])
+        if p["start_timeout"] <= 0:
+            raise _pct.PctError("start_timeout must be a positive number of seconds, got %d" % p["start_timeout"])
+    except _pct.PctError as e:
+        module.fail_json(msg=str(e), **result)
+    result["cmd"] = cmd
+    if not os.path.exists(p["pct_path"]):
+        module.fail_json(msg="%s not found: run this module on the Proxmox VE host (or set pct_path)" % p["pct_path"], **result)
+    if os.geteuid() != 0:
+        module.fail_json(msg="pct needs root on the Proxmox VE host: add `become: true` to the task", **result)
+
+    try:
+        result.update(execute(module, vmid, cmd, p))
+    except ExecFailure as e:
+        result.update(e.result)
+        module.fail_json(msg=e.msg, **result)
+    if result.get("failed"):
+        module.fail_json(**result)
+    module.exit_json(**result)
+
+
+def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
+    status = ct_status(p["pct_path"], vmid)
+    out: t.Dict[str, t.Any] = {"ct_status": status}
+    if status != "running":
+        if not p["ensure_running"]:
+            raise ExecFailure(
+                "container %d is %s; nothing was run. Start it, or set ensure_running: true" % (vmid, status), ct_status=status
+            )
+        if module.check_mode:
+            out.update(changed=True, msg="would start container %d and run the command" % vmid)
+            return out
+        start_and_wait(p["pct_path"], vmid, p["start_timeout"])
+        out.update(started=True, changed=True, ct_status=ct_status(p["pct_path"], vmid))
+
+    for path, want, verb in ((p["creates"], False, "exists"), (p["removes"], True, "does not exist")):
+        if path and path_exists(p["pct_path"], vmid, path, p["keep_env"]) != want:
+            out.update(rc=0, msg="skipped, since %s %s" % (path, verb))
+            return out
+
+    if module.check_mode:
+        out.update(changed=True, msg="would run: %s" % _pct.quote(cmd))
+        return out
+
+    stdin = None
+    if p["stdin"] is not None:
+        stdin = (p["stdin"] + ("\n" if p["stdin_add_newline"] else "")).encode("utf-8")
+    started = time.monotonic()
+    rc, stdout, stderr, hung = run(cmd, stdin, p["timeout"] + p["kill_after"] + HOST_MARGIN)
+    elapsed = time.monotonic() - started
+    text_out = stdout.decode("utf-8", "replace")
+    text_err = stderr.decode("utf-8", "replace")
+    out.update(
+        changed=True,
+        rc=rc,
+        stdout=text_out,
+        stderr=text_err,
+        stdout_lines=text_out.splitlines(),
+        stderr_lines=text_err.splitlines(),
+        elapsed=round(elapsed, 3),
+    )
+    if hung:
+        out.update(failed=True, timed_out=True, msg="pct exec did not return within %ds; killed it on the host" % (p["timeout"] + p["kill_after"] + HOST_MARGIN))
+    elif rc in _pct.TIMEOUT_RCS and elapsed >= p["timeout"] - 0.5:
+        out.update(
+            failed=True,
+            timed_out=True,
+            msg="command timed out after %ds inside container %d and was killed with its process group (SIGTERM, then SIGKILL after %ds)"
+            % (p["timeout"], vmid, p["kill_after"]),
+        )
+    elif rc == 127 and "timeout" in text_err and "not found" in text_err:
+        out.update(failed=True, msg="GNU timeout is missing inside container %d: install coreutils there" % vmid)
+    elif rc == _pct.CHDIR_FAILED_RC and "cannot enter directory" in text_err:
+        out.update(failed=True, msg="chdir %s does not exist inside container %d; nothing was run" % (p["chdir"], vmid))
+    elif rc != 0:
+        kind = _pct.classify_failure(text_err)
+        if kind == _pct.FAIL_STOPPED:
+            out["ct_status"] = ct_status(p["pct_path"], vmid)
+        out.update(failed=True, msg="non-zero return code")
+    return out
+
+
+if __name__ == "__main__":
+    main()

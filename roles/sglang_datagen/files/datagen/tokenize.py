@@ -1,0 +1,346 @@
+"""tokenize: generated conversations -> ``input_ids`` + ``loss_mask`` Parquet shards.
+
+The target model's own tokenizer and chat template render each conversation (tools passed
+to the template, ``chat_template_kwargs`` and ``enable_thinking`` exactly as ``generate`` sent
+them). Assistant spans are found by rendering prefixes: the text of ``messages[:i]`` with the
+generation prompt ends where assistant turn ``i`` starts, and the text of ``messages[:i+1]``
+ends where it stops (its end-of-turn token included, so the drafter learns to stop). Both
+must be prefixes of the full rendering: an earlier turn that a template renders differently
+once it is history (Qwen3 drops empty think blocks) stays unsupervised and the row is counted
+under ``earlier_turns_unsupervised``; if the last (generated) turn fails the check the row is
+counted as ``template_not_prefix_stable`` and left out rather than masked wrongly. A token is
+supervised when its first character lies in an assistant span.
+
+Rows whose mask has no two consecutive supervised tokens after truncation to ``max_length``
+teach a drafter nothing (it predicts token t+1 from t) and are counted and left out. Where the
+server reported ``usage.prompt_tokens``, the token count of the rendered prompt must equal it
+(``tokenize.prompt_check``: warn, drop, or fail), which proves the tokenizer and template here
+are the ones the server used.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from datagen import __version__, paths
+from datagen.util import DatagenError, file_stamp, fingerprint, iter_jsonl, peak_rss_mib, read_json, write_json
+
+SCHEMA_FIELDS = ("id", "source", "category", "input_ids", "loss_mask", "num_tokens", "num_supervised",
+                 "truncated", "finish_reason")
+
+
+class Skip(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def load_tokenizer(name: Optional[str]) -> Any:
+    if not name:
+        raise DatagenError("tokenizer: is required for tokenize (a local tokenizer dir or Hub model id)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise DatagenError("tokenizer: the transformers package is missing (pip install -r requirements-datagen.txt)") \
+            from None
+    try:
+        tok = AutoTokenizer.from_pretrained(name)
+    except Exception as exc:  # transformers raises OSError, ValueError, HF errors...
+        raise DatagenError(f"tokenizer: cannot load {name!r}: {exc}") from None
+    if not getattr(tok, "is_fast", False):
+        raise DatagenError(f"tokenizer: {name!r} has no fast tokenizer (tokenizer.json); offsets are needed")
+    if not getattr(tok, "chat_template", None):
+        raise DatagenError(f"tokenizer: {name!r} has no chat_template; use the target model's tokenizer")
+    return tok
+
+
+def template_kwargs(raw: Dict[str, Any]) -> Dict[str, Any]:
+    """The chat template kwargs generate sends: generate.chat_template_kwargs + enable_thinking=generate.thinking."""
+    section = raw.get("generate") or {}
+    kwargs = dict(section.get("chat_template_kwargs") or {})
+    kwargs["enable_thinking"] = bool(section.get("thinking", False))
+    return kwargs
+
+
+class Renderer:
+    def __init__(self, tokenizer: Any, kwargs: Dict[str, Any]) -> None:
+        self.tok = tokenizer
+        self.kwargs = kwargs
+
+    def render(self, messages: List[Dict[str, Any]], tools: Any, gen_prompt: bool) -> str:
+        try:
+            return self.tok.apply_chat_template(
+                messages, tools=tools or None, tokenize=False, add_generation_prompt=gen_prompt, **self.kwargs,
+            )
+        except Exception as exc:  # jinja raise_exception() in templates: unsupported role order etc.
+            raise Skip("template_error") from exc
+
+    def spans(self, messages: List[Dict[str, Any]], tools: Any, supervise: str) -> Tuple[str, List[Tuple[int, int]], str, int]:
+        """Full text, assistant character spans, the prompt text of the last assistant turn, unstable turns.
+
+        Some templates render a turn differently once it is no longer the last (Qwen3 drops the
+        empty think block of earlier turns): such an earlier turn is left unsupervised and counted;
+        when the last (generated) turn itself is unstable the row cannot be masked and is skipped.
+        """
+        full = self.render(messages, tools, False)
+        idx = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        if supervise == "last":
+            idx = idx[-1:]
+        spans: List[Tuple[int, int]] = []
+        prompt = ""
+        unstable = 0
+        last = len(messages) - 1
+        for i in idx:
+            before = self.render(messages[:i], tools, True) if i else ""
+            upto = full if i == last else self.render(messages[: i + 1], tools, False)
+            if not (full.startswith(before) and full.startswith(upto)) or len(upto) < len(before):
+                if i == last:
+                    raise Skip("template_not_prefix_stable")
+                unstable += 1
+                continue
+            spans.append((len(before), len(upto)))
+            prompt = before
+        return full, spans, prompt, unstable
+
+
+def mask_from_offsets(offsets: List[Tuple[int, int]], spans: List[Tuple[int, int]]) -> List[int]:
+    """1 for each token whose first character lies in a span; token starts never decrease, so bisect."""
+    from bisect import bisect_left
+
+    mask = [0] * len(offsets)
+    starts = [o[0] for o in offsets]
+    for a, b in spans:
+        lo, hi = bisect_left(starts, a), bisect_left(starts, b)
+        mask[lo:hi] = [1] * (hi - lo)
+    return mask
+
+
+def has_supervised_pair(mask: List[int]) -> bool:
+    return any(a and b for a, b in zip(mask, mask[1:]))
+
+
+def _bump(d: Dict[str, int], key: str, by: int = 1) -> None:
+    d[key] = d.get(key, 0) + by
+
+
+def _rows(path: str, stats: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
+    seen: set = set()
+    from datagen.util import hash64
+
+    for _, row in iter_jsonl(path):
+        stats["rows_in"] += 1
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not row.get("id"):
+            _bump(stats["skipped"], "malformed_row")
+            continue
+        key = hash64(str(row["id"]))
+        if key in seen:
+            _bump(stats["skipped"], "duplicate_id")
+            continue
+        seen.add(key)
+        yield row
+
+
+class ShardWriter:
+    """Parquet shards of at most ``shard_rows`` rows, written batch by batch (bounded memory)."""
+
+    def __init__(self, out_dir: str, shard_rows: int, with_origin: bool = False) -> None:
+        import pyarrow as pa
+
+        self.pa = pa
+        self.out_dir = out_dir
+        self.shard_rows = shard_rows
+        fields = [
+            ("id", pa.string()), ("source", pa.string()), ("category", pa.string()),
+            ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
+            ("num_tokens", pa.int32()), ("num_supervised", pa.int32()), ("truncated", pa.bool_()),
+            ("finish_reason", pa.string()),
+        ]
+        if with_origin:  # merged shards say whether a row is new or came from the existing set
+            fields.append(("origin", pa.string()))
+        self.schema = pa.schema(fields)
+        self.writer = None
+        self.in_shard = 0
+        self.shards: List[str] = []
+
+    def write(self, rows: List[Dict[str, Any]]) -> None:
+        import pyarrow.parquet as pq
+
+        while rows:
+            if self.writer is None or self.in_shard >= self.shard_rows:
+                self.close()
+                path = os.path.join(self.out_dir, f"shard-{len(self.shards):05d}.parquet")
+                self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
+                self.shards.append(path)
+                self.in_shard = 0
+            room = self.shard_rows - self.in_shard
+            part, rows = rows[:room], rows[room:]
+            table = self.pa.Table.from_pylist(part, schema=self.schema)
+            self.writer.write_table(table)
+            self.in_shard += len(part)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def tokenize_fingerprint(cfg: Any, src: str) -> str:
+    tok_stamp: Any = cfg.tokenizer
+    if cfg.tokenizer and os.path.isdir(cfg.tokenizer):
+        tok_stamp = [file_stamp(os.path.join(cfg.tokenizer, f)) for f in sorted(os.listdir(cfg.tokenizer))
+                     if os.path.isfile(os.path.join(cfg.tokenizer, f))]
+    return fingerprint(["tokenize", __version__, file_stamp(src), tok_stamp, cfg.max_length, cfg.tokenize.__dict__,
+                        template_kwargs(cfg.raw)])
+
+
+def tokenize_rows(
+    rows: List[Dict[str, Any]], renderer: Renderer, max_length: int, supervise: str,
+    stats: Dict[str, Any], prompt_check: str = "warn", tolerance: int = 0,
+) -> List[Dict[str, Any]]:
+    """One batch: render, tokenize (batched, with offsets), mask, truncate, check. Updates ``stats``."""
+    texts: List[str] = []
+    metas: List[Tuple[Dict[str, Any], List[Tuple[int, int]], str]] = []
+    for row in rows:
+        msgs = row["messages"]
+        if not msgs or msgs[-1].get("role") != "assistant":
+            _bump(stats["skipped"], "no_assistant_turn")
+            continue
+        last = msgs[-1]
+        if not (last.get("content") or "").strip() and not last.get("tool_calls") \
+                and not last.get("reasoning_content"):
+            _bump(stats["skipped"], "empty_response")
+            continue
+        try:
+            full, spans, prompt, unstable = renderer.spans(msgs, row.get("tools"), supervise)
+        except Skip as s:
+            _bump(stats["skipped"], s.reason)
+            continue
+        if unstable:
+            stats["earlier_turns_unsupervised"] += 1
+        texts.append(full)
+        metas.append((row, spans, prompt))
+    if not texts:
+        return []
+    # the Rust tokenizer directly: batched, parallel, without transformers' per-row conversions
+    backend = renderer.tok.backend_tokenizer
+    enc = backend.encode_batch(texts, add_special_tokens=False)
+    check_idx = [i for i, (row, _, _) in enumerate(metas) if _prompt_tokens(row) is not None]
+    prompt_lens: Dict[int, int] = {}
+    if check_idx:
+        penc = backend.encode_batch([metas[i][2] for i in check_idx], add_special_tokens=False)
+        prompt_lens = {i: len(e.ids) for i, e in zip(check_idx, penc)}
+    out: List[Dict[str, Any]] = []
+    for i, (row, spans, _) in enumerate(metas):
+        if i in prompt_lens:
+            pc = stats["prompt_check"]
+            pc["checked"] += 1
+            diff = prompt_lens[i] - int(_prompt_tokens(row))
+            if abs(diff) > tolerance:
+                pc["mismatched"] += 1
+                pc["max_abs_diff"] = max(pc["max_abs_diff"], abs(diff))
+                if len(pc["examples"]) < 10:
+                    pc["examples"].append({"id": row["id"], "rendered": prompt_lens[i], "server": _prompt_tokens(row)})
+                if prompt_check == "fail":
+                    raise DatagenError(
+                        f"tokenize.prompt_check: row {row['id']}: the rendered prompt has {prompt_lens[i]} tokens, "
+                        f"the server counted {_prompt_tokens(row)}; the tokenizer or chat template here is not the "
+                        "server's (set tokenizer to the served model's, or prompt_check: warn)")
+                if prompt_check == "drop":
+                    _bump(stats["skipped"], "prompt_token_mismatch")
+                    continue
+            else:
+                pc["matched"] += 1
+        ids = enc[i].ids
+        mask = mask_from_offsets(enc[i].offsets, spans)
+        truncated = len(ids) > max_length
+        if truncated:
+            ids, mask = ids[:max_length], mask[:max_length]
+            stats["truncated"] += 1
+        if not has_supervised_pair(mask):
+            _bump(stats["skipped"], "no_supervised_pair")
+            continue
+        _bump(stats["finish_reason"], str(row.get("finish_reason")))
+        _bump(stats["per_category"], str(row.get("category")))
+        stats["tokens"] += len(ids)
+        stats["supervised_tokens"] += sum(mask)
+        out.append({
+            "id": str(row["id"]), "source": str(row.get("source", "")), "category": str(row.get("category", "")),
+            "input_ids": ids, "loss_mask": mask, "num_tokens": len(ids), "num_supervised": sum(mask),
+            "truncated": truncated, "finish_reason": None if row.get("finish_reason") is None
+            else str(row["finish_reason"]),
+        })
+    return out
+
+
+def _prompt_tokens(row: Dict[str, Any]) -> Optional[int]:
+    usage = row.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+        return usage["prompt_tokens"]
+    return None
+
+
+def new_stats() -> Dict[str, Any]:
+    return {"rows_in": 0, "rows_out": 0, "skipped": {}, "truncated": 0, "tokens": 0, "supervised_tokens": 0,
+            "earlier_turns_unsupervised": 0,
+            "finish_reason": {}, "per_category": {},
+            "prompt_check": {"checked": 0, "matched": 0, "mismatched": 0, "max_abs_diff": 0, "examples": []}}
+
+
+def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Dict[str, Any]:
+    t0 = time.monotonic()
+    src = src or paths.in_work(cfg.work_dir, paths.GENERATED)
+    if not os.path.exists(src):
+        raise DatagenError(f"tokenize: {src} not found; run `python -m datagen generate` first")
+    out_dir = paths.in_work(cfg.work_dir, paths.TOKENIZED_DIR)
+    man_path = os.path.join(out_dir, paths.MANIFEST)
+    fp = tokenize_fingerprint(cfg, src)
+    old = read_json(man_path)
+    if not force and old and old.get("fingerprint") == fp and all(os.path.exists(s) for s in old.get("shards", [])):
+        return {"stage": "tokenize", "skipped": True, "reason": "inputs and config unchanged",
+                "rows_out": old["rows_out"], "dir": out_dir}
+    renderer = Renderer(load_tokenizer(cfg.tokenizer), template_kwargs(cfg.raw))
+    tmp_dir = out_dir + f".tmp-{os.getpid()}"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    os.makedirs(tmp_dir)
+    stats = new_stats()
+    writer = ShardWriter(tmp_dir, cfg.tokenize.shard_rows)
+    opts = cfg.tokenize
+    try:
+        batch: List[Dict[str, Any]] = []
+        for row in _rows(src, stats):
+            batch.append(row)
+            if len(batch) >= opts.batch_size:
+                done = tokenize_rows(batch, renderer, cfg.max_length, opts.supervise, stats, opts.prompt_check,
+                                     opts.prompt_check_tolerance)
+                stats["rows_out"] += len(done)
+                writer.write(done)
+                batch = []
+        done = tokenize_rows(batch, renderer, cfg.max_length, opts.supervise, stats, opts.prompt_check,
+                             opts.prompt_check_tolerance)
+        stats["rows_out"] += len(done)
+        writer.write(done)
+        writer.close()
+    except BaseException:
+        writer.close()
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    final_shards = [os.path.join(out_dir, os.path.basename(s)) for s in writer.shards]
+    manifest = dict(stats, stage="tokenize", fingerprint=fp, version=__version__, source=src,
+                    tokenizer=cfg.tokenizer, max_length=cfg.max_length, supervise=opts.supervise,
+                    shards=final_shards, seconds=round(time.monotonic() - t0, 3), peak_rss_mib=round(peak_rss_mib(), 1))
+    write_json(os.path.join(tmp_dir, paths.MANIFEST), manifest)
+    # swap the whole directory so a reader never sees a half-written set of shards
+    if os.path.exists(out_dir):
+        old_dir = out_dir + f".old-{os.getpid()}"
+        os.rename(out_dir, old_dir)
+        os.rename(tmp_dir, out_dir)
+        shutil.rmtree(old_dir, ignore_errors=True)
+    else:
+        os.rename(tmp_dir, out_dir)
+    pc = stats["prompt_check"]
+    return {"stage": "tokenize", "skipped": False, "rows_in": stats["rows_in"], "rows_out": stats["rows_out"],
+            "skipped_rows": stats["skipped"], "prompt_check": {k: pc[k] for k in ("checked", "matched", "mismatched")},
+            "dir": out_dir}

@@ -1,0 +1,322 @@
+"""gpu_free_wait run for real (as Ansible runs a module) against the fake GPUs and real holder processes.
+
+Host-side: each test has its own FAKEGPU_DIR with its driver daemon. The module
+runs as a real process (``python -m ...gpu_free_wait ARGS.json``, how Ansible
+executes it on a target) or through ``ansible localhost -m``; nothing in it is
+patched. The lab-marked test needs ``tests/lab/lab up``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "fakegpu"))
+import fakegpu  # noqa: E402
+from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file  # noqa: E402
+
+MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.gpu_free_wait"
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
+if not os.path.exists(PYTHON):
+    PYTHON = sys.executable
+
+
+@pytest.fixture
+def fake(tmp_path):
+    gpus = FakeGpus(str(tmp_path), release_delay=0.5)
+    yield gpus
+    gpus.close()
+
+
+def module_cmd(fake, tmp_path, check=False, **args):
+    args.setdefault("nvidia_smi_path", NVIDIA_SMI)
+    args.setdefault("device_paths", [fake.device_glob])
+    if check:
+        args["_ansible_check_mode"] = True
+    path = module_args_file(str(tmp_path / ("args-%d.json" % time.monotonic_ns())), **args)
+    return [PYTHON, "-m", MODULE, path]
+
+
+def module_env(fake):
+    return dict(fake.env, PYTHONPATH=os.path.join(ROOT, ".collections"))
+
+
+def parse(proc_out: str) -> dict:
+    # the module prints exactly one JSON document
+    return json.loads(proc_out[proc_out.index("{"):])
+
+
+def run_module(fake, tmp_path, prefix=None, check=False, **args):
+    res = subprocess.run(list(prefix or []) + module_cmd(fake, tmp_path, check=check, **args), env=module_env(fake),
+                         capture_output=True, text=True, timeout=120)
+    out = parse(res.stdout)
+    assert (res.returncode != 0) == bool(out.get("failed")), res.stderr
+    return out
+
+
+def test_already_free_is_ok_unchanged(fake, tmp_path):
+    out = run_module(fake, tmp_path, interval=0.1, timeout=10)
+    assert out["free"] is True and out["changed"] is False and not out.get("failed")
+    assert out["samples"] == 2  # stable_for default
+    assert out["holders"] == [] and out["holders_before"] == []
+    assert len(out["gpus"]) == 8
+    g0 = out["gpus"][0]
+    assert g0["name"] == "NVIDIA RTX PRO 6000 Blackwell Workstation Edition" and g0["memory_total_mib"] == 97887
+    assert g0["uuid"] == fakegpu.gpu_uuid(0) and g0["memory_used_mib_before"] == g0["memory_used_mib_after"] == 4
+    assert out["backend"] == "nvidia_smi"
+
+
+def test_release_after_delay_is_detected_within_one_interval(fake, tmp_path):
+    holder = fake.hold([0, 1], mib=80000)
+    interval = 0.2
+    proc = subprocess.Popen(module_cmd(fake, tmp_path, gpus=["0", "1"], interval=interval, stable_for=1, timeout=60),
+                            env=module_env(fake), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    fake.kill(holder)
+    stdout, stderr = proc.communicate(timeout=60)
+    out = parse(stdout)
+    assert out["free"] is True and out["changed"] is True, stderr
+    hist = out["history"]
+    assert [h["free"] for h in hist[-2:]] == [False, True] and not any(h["free"] for h in hist[:-1])
+    release_at = min(e["release_at"] for e in fake.events("death"))
+    busy, free = hist[-2], hist[-1]
+    # the memory dropped between the last busy sample and the first free one ...
+    assert busy["t"] <= release_at <= free["t"] + free["took"] + 0.01
+    # ... and that free sample came one interval after the busy one ended
+    assert free["t"] - (busy["t"] + busy["took"]) <= interval + 0.3
+    assert out["gpus"][0]["memory_used_mib_before"] == 80004 and out["gpus"][0]["memory_used_mib_after"] == 4
+    assert [h["pid"] for h in out["holders_before"]] == [holder.pid, holder.pid]
+    assert out["holders"] == []
+
+
+def test_holder_that_never_exits_fails_naming_it(fake, tmp_path):
+    holder = fake.hold([3], mib=80000)
+    out = run_module(fake, tmp_path, timeout=1, interval=0.2)
+    assert out["failed"] and out["free"] is False
+    msg = out["msg"]
+    assert "GPU memory not released within 1.0 s" in msg and "GPU 3 80004 MiB" in msg
+    assert "pid %d python" % holder.pid in msg and "fakegpu.py hold --mib 80000 --gpu 3" in msg
+    assert "on GPU 3, 80000 MiB" in msg and msg.endswith("Nothing was signalled.")
+    assert [(h["pid"], h["gpu"], h["used_mib"], h["container"]) for h in out["holders"]] == [
+        (holder.pid, 3, 80000, None)]
+    assert holder.poll() is None  # it only reports
+
+
+def test_check_mode_samples_once_and_reports(fake, tmp_path):
+    holder = fake.hold([2], mib=40000)
+    out = run_module(fake, tmp_path, check=True, timeout=30)
+    assert not out.get("failed") and out["changed"] is False
+    assert out["free"] is False and out["samples"] == 1 and "would wait up to 30.0 s" in out["msg"]
+    assert [h["pid"] for h in out["holders"]] == [holder.pid]
+
+
+def test_ansible_cli_runs_it(fake, tmp_path):
+    holder = fake.hold([5], mib=1000)
+    ansible = os.path.join(ROOT, ".venv", "bin", "ansible")
+    if not os.path.exists(ansible):
+        pytest.skip("no .venv/bin/ansible")
+    env = dict(fake.env, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+    common = [ansible, "localhost", "-m", "gpuops.repurpose.gpu_free_wait", "-a",
+              json.dumps({"nvidia_smi_path": NVIDIA_SMI, "device_paths": [fake.device_glob], "gpus": ["5"],
+                          "timeout": 5, "interval": 0.2, "max_used_mib": 512})]
+    checked = subprocess.run(common + ["--check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    res = json.loads(checked.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    assert res["free"] is False and res["samples"] == 1 and not res.get("failed")
+    fake.kill(holder)
+    real = subprocess.run(common, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    res = json.loads(real.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    assert real.returncode == 0 and res["free"] is True and res["gpus"][0]["index"] == 5
+
+
+def test_ignore_list_is_honoured(fake, tmp_path):
+    xorg = tmp_path / "bin" / "Xorg"
+    xorg.parent.mkdir()
+    xorg.symlink_to(sys.executable)
+    x = fake.hold([2], mib=2000, argv0=str(xorg))
+    out = run_module(fake, tmp_path, gpus=["2"], timeout=5, interval=0.2)
+    assert out["free"] is True and out["changed"] is False
+    assert out["holders"] == []
+    assert [(h["pid"], h["name"], h["ignored"]) for h in out["ignored_holders"]] == [
+        (x.pid, "Xorg", "ignore_processes: Xorg")]
+    g = out["gpus"][0]
+    assert (g["memory_used_mib_after"], g["memory_counted_mib_after"]) == (2004, 4)  # Xorg's MiB discounted
+    out = run_module(fake, tmp_path, gpus=["2"], timeout=0.5, interval=0.2, ignore_processes=[])
+    assert out["failed"] and "pid %d Xorg" % x.pid in out["msg"]
+
+
+@pytest.mark.parametrize("mode, fragment", [
+    ("no_devices", "nvidia-smi failed (rc 6: no GPU was found): No devices were found"),
+    ("no_driver", "rc 9: the NVIDIA driver is not loaded): NVIDIA-SMI has failed because it couldn't communicate"),
+    ("no_nvml", "rc 12: the NVML library (libnvidia-ml.so) could not be found"),
+    ("garbled", "nvidia-smi printed"),
+    ("empty", "nvidia-smi printed no GPUs (empty output)"),
+    ("na", "memory.used of GPU 0 as '[N/A]'"),
+    ("not_supported", "memory.used of GPU 0 as '[Not Supported]'"),
+    ("gpu_lost", "rc 15: a GPU has fallen off the bus or become inaccessible): Unable to determine the device handle"),
+])
+def test_broken_backend_is_a_clear_failure(fake, tmp_path, mode, fragment):
+    fake.config(mode=mode, lost_gpus=[2])
+    out = run_module(fake, tmp_path, timeout=5, interval=0.2)
+    assert out["failed"] and out["free"] is False and out["samples"] == 0
+    assert fragment in out["msg"], out["msg"]
+
+
+def test_hung_and_missing_nvidia_smi(fake, tmp_path):
+    out = run_module(fake, tmp_path, nvidia_smi_path=str(tmp_path / "nope" / "nvidia-smi"))
+    assert out["failed"] and "is not an executable file" in out["msg"]
+    out = run_module(fake, tmp_path, backend="nvml")
+    assert out["failed"] and "backend nvml" in out["msg"] and "use backend: auto or nvidia_smi" in out["msg"]
+    fake.config(mode="hang", hang_seconds=60)
+    out = run_module(fake, tmp_path, timeout=1)
+    assert out["failed"] and "did not answer within 5 s" in out["msg"]
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (dict(gpus=["9"]), "gpus: no GPU '9' here; present: 0 (GPU-"),
+    (dict(gpus=["first"]), "gpus: 'first' is neither a GPU index"),
+    (dict(interval=0), "interval must be > 0"),
+    (dict(stable_for=0), "stable_for must be >= 1"),
+    (dict(container=5), "container must be a Proxmox VMID"),
+])
+def test_bad_input_names_the_option(fake, tmp_path, args, fragment):
+    out = run_module(fake, tmp_path, timeout=2, **args)
+    assert out["failed"] and fragment in out["msg"]
+
+
+def can_unshare_pid() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not can_unshare_pid(), reason="needs root and unshare --pid (a container's PID namespace)")
+def test_blind_backend_still_finds_holders_through_proc(fake, tmp_path):
+    """As inside an LXC container: nvidia-smi lists no processes, the /proc scan still names the holder."""
+    args = module_cmd(fake, tmp_path, timeout=0.6, interval=0.2)
+    script = ("%s %s hold --gpu 4 --mib 30000 >/dev/null & sleep 0.5; %s; kill $!"
+              % (sys.executable, fakegpu.__file__, " ".join(args)))
+    res = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script], env=module_env(fake),
+                         capture_output=True, text=True, timeout=60)
+    out = parse(res.stdout)
+    assert out["failed"] and out["gpus"][4]["memory_used_mib_after"] == 30004
+    [holder] = out["holders"]
+    assert holder["gpu"] == 4 and holder["used_mib"] is None  # the backend is blind here
+    assert holder["pid"] < 100 and "fakegpu.py hold --gpu 4" in holder["cmdline"]  # a PID of the new namespace
+    assert "pid %d python" % holder["pid"] in out["msg"] and "MiB unknown" in out["msg"]
+
+
+CGROUP_ROOT = "/sys/fs/cgroup/pids"
+
+
+def fake_ct_cgroup(vmid: int) -> str | None:
+    """A real cgroup named like plain LXC's payload cgroup, for a process to live in (cgroup v1 pids)."""
+    path = os.path.join(CGROUP_ROOT, "lxc.payload.%d" % vmid)
+    if os.geteuid() != 0 or not os.access(CGROUP_ROOT, os.W_OK):
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return None
+    return path
+
+
+@pytest.mark.skipif(fake_ct_cgroup(9201) is None, reason="needs root and a writable cgroup v1 pids hierarchy")
+def test_container_scope_on_the_host(fake, tmp_path):
+    """A holder whose cgroup says CT9201 does not block container 9200 and is named for container 9201."""
+    cg = fake_ct_cgroup(9201)
+
+    def enter():
+        with open(os.path.join(cg, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+
+    holder = fake.hold([6], mib=20000, preexec=enter)
+    try:
+        out = run_module(fake, tmp_path, gpus=["6"], container=9200, timeout=5, interval=0.2)
+        assert out["free"] is True and out["holders"] == []
+        assert [(h["pid"], h["container"], h["ignored"]) for h in out["ignored_holders"]] == [
+            (holder.pid, 9201, "outside container 9200 (CT9201)")]
+        assert out["gpus"][0]["memory_counted_mib_after"] == 4
+        out = run_module(fake, tmp_path, gpus=["6"], container=9201, timeout=0.5, interval=0.2)
+        assert out["failed"] and "pid %d" % holder.pid in out["msg"] and "in CT9201" in out["msg"]
+    finally:
+        fake.kill(holder, signal.SIGKILL)
+        os.rmdir(cg)
+
+
+def lab_status() -> dict:
+    lab = os.path.join(ROOT, "tests", "lab", "lab")
+    try:
+        res = subprocess.run([lab, "status"], capture_output=True, text=True, timeout=60)
+        return json.loads(res.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return {}
+
+
+@pytest.mark.lab
+def test_lab_ct201_holder_does_not_block_container_200(tmp_path):
+    status = lab_status()
+    if not status.get("up"):
+        pytest.skip("the lab is not up (tests/lab/lab up)")
+    fdir, lxcpath = status["fakegpu"]["dir"], status["lxcpath"]
+    tools = status["fakegpu"]["tools"]
+    started = status["containers"].get("201") != "running"
+    if started:
+        subprocess.run(["lxc-start", "-P", lxcpath, "-n", "201", "-d"], check=True, timeout=60)
+        subprocess.run(["lxc-wait", "-P", lxcpath, "-n", "201", "-s", "RUNNING", "-t", "30"], check=True, timeout=60)
+    hold = subprocess.Popen(["lxc-attach", "-P", lxcpath, "-n", "201", "--", "python3", tools + "/fakegpu.py",
+                             "hold", "--gpu", "3", "--mib", "20000"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hold.stdout.readline().startswith("holding")
+        env = dict(os.environ, FAKEGPU_DIR=fdir, PYTHONPATH=os.path.join(ROOT, ".collections"))
+        args = module_args_file(str(tmp_path / "a.json"), gpus=["3"], container=200, _ansible_check_mode=True,
+                                nvidia_smi_path=NVIDIA_SMI, device_paths=[fdir + "/dev/nvidia*"])
+        res = subprocess.run([PYTHON, "-m", MODULE, args], env=env, capture_output=True, text=True, timeout=60)
+        out = parse(res.stdout)
+        ct201 = [h for h in out["ignored_holders"] if h["container"] == 201]
+        assert ct201 and ct201[0]["ignored"] == "outside container 200 (CT201)" and ct201[0]["used_mib"] == 20000
+        assert all(h["container"] == 200 for h in out["holders"])
+        g = out["gpus"][0]
+        assert g["memory_counted_mib_after"] == g["memory_used_mib_after"] - 20000
+    finally:
+        hold.kill()
+        hold.wait()
+        hold.stdout.close()
+        if started:
+            subprocess.run(["lxc-stop", "-P", lxcpath, "-n", "201", "-k"], timeout=60)
+
+
+def ansible_check(host: str, args: dict) -> dict:
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
+    res = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible"), "-i", "inventories/lab", host, "-m",
+                          "gpuops.repurpose.gpu_free_wait", "-a", json.dumps(args), "--check"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    return json.loads(res.stdout)["plays"][0]["tasks"][0]["hosts"][host]
+
+
+@pytest.mark.lab
+def test_lab_trainer_workers_seen_from_ct200_and_from_the_pve_host():
+    """Inside CT200 (through pct_ssh) the backend is blind and /proc names the workers by their container PIDs;
+    on the PVE host the same workers appear with host PIDs, container 200, their NSpid and MiB."""
+    before = lab_status()
+    if not before.get("up") or not before["trainer"]["running"]:
+        pytest.skip("the lab is not up with a running trainer (tests/lab/lab up)")
+    inside = ansible_check("ct200", {"timeout": 0})
+    host = ansible_check("lab-pve", {"timeout": 0, "container": 200})
+    after = lab_status()
+    assert not inside.get("failed") and not host.get("failed"), (inside.get("msg"), host.get("msg"))
+    assert inside["free"] is False and host["free"] is False
+    assert all(h["used_mib"] is None and h["container"] is None for h in inside["holders"])
+    assert all(h["container"] == 200 and h["container_pid"] and h["used_mib"] for h in host["holders"])
+    if before["trainer"]["pids"] == after["trainer"]["pids"]:  # no other test restarted the trainer meanwhile
+        workers = set(before["trainer"]["pids"]["workers"])
+        assert {h["pid"] for h in inside["holders"]} == workers
+        assert {h["container_pid"] for h in host["holders"]} == workers
+        assert {h["pid"] for h in host["holders"]} == set(before["trainer"]["host_pids"]["workers"])

@@ -1,0 +1,241 @@
+"""The CT200 lab itself, through its real parts: sshd, pct, LXC, tmux, the fake GPUs.
+
+Everything goes over the lab's SSH as a client would (OpenSSH's ``ssh``
+with the lab key and known_hosts), so these tests check the contract other
+tests and the inventories rely on. Needs ``tests/lab/lab up`` (root);
+skipped with the reason otherwise. The tests leave the lab as they found it
+(201 stopped, the dflash trainer running).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import uuid
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB = os.path.join(ROOT, "tests", "lab", "lab")
+
+pytestmark = pytest.mark.lab
+
+
+def lab_status() -> dict:
+    res = subprocess.run([LAB, "status"], capture_output=True, text=True, timeout=60)
+    return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}
+
+
+@pytest.fixture(scope="module")
+def status() -> dict:
+    if os.geteuid() != 0:
+        pytest.skip("the CT200 lab needs root")
+    st = lab_status()
+    if not st.get("up"):
+        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up as root)")
+    return st
+
+
+def ssh(st: dict, command: str, user: str = "root", timeout: float = 60) -> subprocess.CompletedProcess:
+    argv = [
+        "ssh", "-F", "/dev/null", "-i", st["key"], "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+        "-o", "UserKnownHostsFile=%s" % st["known_hosts"], "-o", "StrictHostKeyChecking=yes",
+        "-o", "ConnectTimeout=10", "-p", str(st["port"]), "%s@%s" % (user, st["host"]), command,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def pct(st: dict, *args: str, user: str = "root", timeout: float = 60) -> subprocess.CompletedProcess:
+    prefix = "pct" if user == "root" else "sudo -n pct"
+    return ssh(st, prefix + " " + shlex.join(args), user=user, timeout=timeout)
+
+
+def ensure_trainer(st: dict) -> dict:
+    """Other suites stop the trainer on purpose; bring it back (graceful) when it is not running."""
+    if not lab_status().get("trainer", {}).get("running"):
+        subprocess.run([LAB, "trainer", "graceful"], check=True, capture_output=True, timeout=180)
+    return lab_status()
+
+
+# ---------------------------------------------------------------- the PVE host
+
+
+def test_status_json_names_everything_a_client_needs(status):
+    assert (status["host"], status["port"]) == ("127.0.0.1", 2222)
+    assert os.stat(status["key"]).st_mode & 0o077 == 0, "ssh refuses a group/world-readable key"
+    with open(status["known_hosts"], encoding="ascii") as handle:
+        assert handle.read().startswith("[127.0.0.1]:2222 ssh-ed25519 ")
+    assert set(status["users"]) == {"root", "pveops", "pvenosudo"}
+    assert status["containers"] == {"200": "running", "201": status["containers"]["201"]}
+    assert status["hostnames"] == {"200": "ct200", "201": "ct201"}
+    assert status["trainer"]["tmux_session"] == "dflash"
+    assert os.path.isdir(status["fakegpu"]["dir"])
+
+
+def test_pct_exec_hostname_over_ssh(status):
+    res = pct(status, "exec", "200", "--", "hostname")
+    assert (res.returncode, res.stdout, res.stderr) == (0, "ct200\n", "")
+
+
+def test_pct_exec_returns_the_commands_exit_code_and_keeps_streams_apart(status):
+    res = pct(status, "exec", "200", "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert (res.returncode, res.stdout, res.stderr) == (7, "out\n", "err\n")
+
+
+def test_pct_exec_keep_env_as_real_pct(status):
+    kept = pct(status, "exec", "200", "--", "sh", "-c", 'echo "$PATH|$SSH_CONNECTION"')
+    # run_cli_handler fixes PATH; --keep-env (the default) passes the ssh session's env on
+    assert kept.stdout.startswith("/sbin:/bin:/usr/sbin:/usr/bin|127.0.0.1 ")
+    cleared = pct(status, "exec", "200", "--keep-env", "0", "--", "sh", "-c", 'echo "$PATH|$SSH_CONNECTION"')
+    assert cleared.stdout == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin|\n"
+
+
+def test_pct_exec_on_stopped_201_fails_like_real_pct(status):
+    if status["containers"]["201"] != "stopped":
+        pytest.skip("another test is using CT201")
+    res = pct(status, "exec", "201", "--", "true")
+    assert (res.returncode, res.stdout, res.stderr) == (255, "", "container '201' not running!\n")
+
+
+def test_pct_unknown_and_invalid_vmids(status):
+    res = pct(status, "exec", "999", "--", "true")
+    assert res.returncode == 255
+    assert res.stderr == "Configuration file 'nodes/%s/lxc/999.conf' does not exist\n" % status["node"]
+    res = pct(status, "status", "abc")
+    assert res.returncode == 255
+    assert res.stderr.splitlines()[:2] == [
+        "400 Parameter verification failed.",
+        "vmid: invalid format - value does not look like a valid VM ID",
+    ]
+
+
+def test_pct_status_list_config(status):
+    assert pct(status, "status", "200").stdout == "status: running\n"
+    verbose = dict(line.split(": ", 1) for line in pct(status, "status", "200", "--verbose").stdout.splitlines())
+    assert verbose["name"] == "ct200" and verbose["status"] == "running" and int(verbose["pid"]) > 1
+    listing = pct(status, "list").stdout.splitlines()
+    assert listing[0].split() == ["VMID", "Status", "Lock", "Name"]
+    rows = {line.split()[0]: line.split() for line in listing[1:]}
+    assert rows["200"] == ["200", "running", "ct200"]
+    assert rows["201"][2] == "ct201"
+    config = pct(status, "config", "200").stdout.splitlines()
+    assert "hostname: ct200" in config
+    keys = [line.split(":")[0] for line in config if not line.startswith("lxc.")]
+    assert keys == sorted(keys), "pct config prints the keys sorted, lxc.* entries last"
+
+
+def test_push_pull_roundtrip(status, tmp_path):
+    payload = "lab roundtrip %s\n" % uuid.uuid4().hex
+    src = tmp_path / "src.txt"
+    src.write_text(payload)
+    back = tmp_path / "back.txt"
+    inside = "/tmp/lab-roundtrip-%s" % uuid.uuid4().hex[:8]
+    try:
+        res = pct(status, "push", "200", str(src), inside, "--perms", "640", "--user", "nobody")
+        assert (res.returncode, res.stderr) == (0, "")
+        # owner names resolve inside the container, perms are octal by default
+        stat = pct(status, "exec", "200", "--", "stat", "-c", "%a %U", inside).stdout
+        assert stat == "640 nobody\n"
+        res = pct(status, "pull", "200", inside, str(back))
+        assert (res.returncode, res.stderr) == (0, "")
+        assert back.read_text() == payload
+    finally:
+        pct(status, "exec", "200", "--", "rm", "-f", inside)
+
+
+def test_pull_of_a_missing_file_fails_like_real_pct(status, tmp_path):
+    res = pct(status, "pull", "200", "/nonexistent/file", str(tmp_path / "x"))
+    assert (res.returncode, res.stderr) == (255, "failed to open /nonexistent/file: No such file or directory\n")
+
+
+def test_sudo_user_runs_pct_only(status):
+    res = pct(status, "status", "200", user="pveops")
+    assert (res.returncode, res.stdout) == (0, "status: running\n")
+    res = pct(status, "exec", "200", "--", "hostname", user="pveops")
+    assert res.stdout == "ct200\n"
+    other = ssh(status, "sudo -n /usr/bin/id -u", user="pveops")
+    assert other.returncode != 0 and other.stdout == ""
+
+
+def test_user_without_sudo_fails_fast(status):
+    res = pct(status, "status", "200", user="pvenosudo", timeout=30)
+    assert res.returncode == 1
+    assert "a password is required" in res.stderr
+
+
+def test_pct_lives_only_in_the_lab_hosts_namespace(status):
+    res = ssh(status, "readlink -f /usr/sbin/pct; command -v nvidia-smi")
+    assert res.stdout.splitlines() == [os.path.join(ROOT, "tests", "lab", "pct"), "/usr/bin/nvidia-smi"]
+    # the machine's own /usr/sbin stays untouched (unless it is a real PVE host)
+    if not os.path.exists("/usr/share/perl5/PVE/CLI/pct.pm"):
+        assert not os.path.lexists("/usr/sbin/pct")
+
+
+def test_start_shutdown_stop_201(status):
+    if status["containers"]["201"] != "stopped":
+        pytest.skip("another test is using CT201")
+    try:
+        assert pct(status, "start", "201", timeout=90).returncode == 0
+        assert pct(status, "status", "201").stdout == "status: running\n"
+        again = pct(status, "start", "201")
+        assert (again.returncode, again.stderr) == (255, "CT 201 already running\n")
+        assert pct(status, "exec", "201", "--", "hostname").stdout == "ct201\n"
+        res = pct(status, "shutdown", "201", "--timeout", "60", timeout=90)
+        assert (res.returncode, res.stderr) == (0, "")
+        assert pct(status, "status", "201").stdout == "status: stopped\n"
+        res = pct(status, "stop", "201")
+        assert (res.returncode, res.stderr) == (255, "CT 201 not running\n")
+    finally:
+        if pct(status, "status", "201").stdout != "status: stopped\n":
+            pct(status, "stop", "201", timeout=90)
+
+
+# ---------------------------------------------------------------- inside CT200
+
+
+def test_tmux_capture_pane_shows_training_steps(status):
+    ensure_trainer(status)
+    res = pct(status, "exec", "200", "--", "tmux", "capture-pane", "-p", "-t", "dflash")
+    assert re.search(r"^step \d+ \| [\d.]+ Ktok/s", res.stdout, re.M), res.stdout
+
+
+def test_eight_busy_gpus_in_the_container(status):
+    ensure_trainer(status)
+    res = pct(status, "exec", "200", "--", "nvidia-smi", "--query-gpu=index,memory.used",
+              "--format=csv,noheader,nounits")
+    rows = [line.split(", ") for line in res.stdout.splitlines()]
+    assert [int(idx) for idx, _ in rows] == list(range(8)), res.stdout + res.stderr
+    assert all(int(used) > 1000 for _, used in rows), res.stdout
+
+
+def test_decoys_run_in_ct200(status):
+    res = pct(status, "exec", "200", "--", "ps", "-eo", "args")
+    lines = res.stdout.splitlines()
+    assert "/usr/bin/python3 /usr/bin/networkd-dispatcher --run-startup-triggers" in lines
+    assert "vi /opt/lab/trainer/fake_trainer.py" in lines
+    assert "watch -n 5 nvidia-smi" in lines
+    unit = pct(status, "exec", "200", "--", "systemctl", "is-active", "networkd-dispatcher.service")
+    assert unit.stdout == "active\n"
+
+
+def test_lab_trainer_restart_ends_only_the_recorded_trainer(status):
+    before = ensure_trainer(status)["trainer"]
+    decoys_before = pct(status, "exec", "200", "--", "pgrep", "-f", "networkd-dispatcher|^vi |^watch ").stdout
+    res = subprocess.run([LAB, "trainer", "graceful"], capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    after = lab_status()["trainer"]
+    old = [before["host_pids"]["launcher"], before["host_pids"]["pane_shell"], *before["host_pids"]["workers"]]
+    new = [after["host_pids"]["launcher"], after["host_pids"]["pane_shell"], *after["host_pids"]["workers"]]
+    assert len(after["host_pids"]["workers"]) == 8 and after["running"]
+    assert not set(old) & set(new)
+    for pid in old:  # gone, or a zombie nobody reaps (this machine's PID 1 does not)
+        try:
+            with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
+                assert handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except FileNotFoundError:
+            pass
+    decoys_after = pct(status, "exec", "200", "--", "pgrep", "-f", "networkd-dispatcher|^vi |^watch ").stdout
+    assert decoys_after == decoys_before and decoys_after.count("\n") == 3

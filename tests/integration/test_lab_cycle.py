@@ -1,0 +1,111 @@
+"""``lab down`` leaves no process, mount, container, user or sudo rule behind; ``lab up`` restores it.
+
+Takes the shared lab down for about half a minute, so it runs only when
+``GPUOPS_LAB_CYCLE=1`` (CI, where nobody else uses the lab at the time), and
+always brings the lab back up (graceful trainer) before it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import socket
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB = os.path.join(ROOT, "tests", "lab", "lab")
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.environ.get("GPUOPS_LAB_CYCLE") != "1",
+                       reason="takes the shared lab down and up: set GPUOPS_LAB_CYCLE=1 to run it"),
+]
+
+
+def lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([LAB, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def live(pid: int, starttime: int | None = None) -> bool:
+    """Running (a zombie that this machine's PID 1 never reaps counts as gone)."""
+    try:
+        with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return False
+    return fields[0] not in ("Z", "X") and (starttime is None or int(fields[19]) == starttime)
+
+
+def processes_matching(pred) -> list[tuple[int, str]]:
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or not live(int(name)):
+            continue
+        try:
+            if pred(int(name)):
+                with open("/proc/%s/cmdline" % name, "rb") as handle:
+                    found.append((int(name), handle.read().replace(b"\0", b" ").decode(errors="replace")))
+        except OSError:
+            continue
+    return found
+
+
+def in_lab_cgroup(pid: int) -> bool:
+    with open("/proc/%d/cgroup" % pid, encoding="utf-8") as handle:
+        text = handle.read()
+    return "lxc.payload.200" in text or "lxc.payload.201" in text or "lxc.monitor.20" in text
+
+
+def test_down_leaves_nothing_and_up_restores(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the CT200 lab needs root")
+    before = json.loads(lab("status").stdout)
+    if not before.get("up"):
+        up = lab("up")
+        assert up.returncode == 0, up.stderr
+        before = json.loads(lab("status").stdout)
+    lab_dir = before["lab_dir"]
+    with open(os.path.join(lab_dir, "supervisor.json"), encoding="utf-8") as handle:
+        sup = json.load(handle)
+    mntns = sup["mntns"]
+    recorded = [sup["supervisor"], sup["sshd"]] + ([sup["driver"]] if sup.get("driver") else [])
+    trainer_pids = [before["trainer"]["host_pids"]["launcher"], *before["trainer"]["host_pids"]["workers"]]
+    cache = [os.path.join("/var/cache/gpuops-lab", n) for n in os.listdir("/var/cache/gpuops-lab")
+             if n.startswith("rootfs-")]
+    try:
+        down = lab("down")
+        assert down.returncode == 0, down.stderr
+
+        for ref in recorded:
+            assert not live(ref["pid"], ref["starttime"]), ref
+        for pid in trainer_pids:
+            assert not live(pid), pid
+        left_in_ns = processes_matching(lambda pid: os.readlink("/proc/%d/ns/mnt" % pid) == mntns)
+        assert left_in_ns == []
+        assert processes_matching(in_lab_cgroup) == []
+        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+            assert lab_dir not in handle.read()
+        assert not os.path.exists(lab_dir)
+        ls = subprocess.run(["lxc-ls", "-P", os.path.join(lab_dir, "lxc")], capture_output=True, text=True)
+        assert ls.stdout.strip() == ""
+        for user in before["users"]:
+            if user != "root":
+                with pytest.raises(KeyError):
+                    pwd.getpwnam(user)
+        assert not os.path.exists("/etc/sudoers.d/gpuops-lab")
+        with pytest.raises(OSError):
+            socket.create_connection((before["host"], before["port"]), timeout=2).close()
+        assert all(os.path.isdir(c) for c in cache), "the rootfs cache stays"
+
+        after_down = json.loads(lab("status").stdout)
+        assert after_down["up"] is False
+        assert after_down["containers"] == {"200": "absent", "201": "absent"}
+    finally:
+        up = lab("up")
+    assert up.returncode == 0, up.stderr
+    after = json.loads(lab("status").stdout)
+    assert after["up"] and after["containers"] == {"200": "running", "201": "stopped"}
+    assert after["trainer"]["running"] and after["trainer"]["behaviour"] == "graceful"

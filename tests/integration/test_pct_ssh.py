@@ -1,0 +1,245 @@
+"""The pct_ssh connection, for real, against CT200 in the lab: a connection-test-style suite.
+
+One ansible-playbook run drives a matrix of inventory hosts, all CT200, in
+parallel: as root and as the sudo user ``pveops``, with and without
+pipelining, and with the ``cat`` transfer fallback. Each runs raw, command and
+shell with hostile quoting, and copies and fetches an empty file, a binary file,
+a 200 MB file and files with non-ASCII names. The tests then compare what came
+back byte for byte. The lab is never brought down; skipped when it is not up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "tests" / "lab" / "lab"
+BIN = Path(sys.executable).parent
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+
+# name -> (host user, pipelining, transfer method, include the 200 MB file)
+MATRIX = {
+    "root_pipelined": ("root", True, "auto", True),
+    "root_plain": ("root", False, "auto", False),
+    "pveops_pipelined": ("pveops", True, "auto", False),
+    "pveops_plain": ("pveops", False, "auto", True),
+    "root_cat": ("root", False, "cat", True),
+}
+HOSTILE_ARGV = ["it's", "$HOME", "`id`", 'say "hi"', "a;b && c | d", "\u00e9t\u00e9 \u65e5\u672c", "line1\nline2", "200; reboot"]
+
+
+def lab_status() -> dict:
+    if os.geteuid() != 0:
+        pytest.skip("the CT200 lab needs root")
+    if not LAB.exists():
+        pytest.skip("tests/lab/lab is missing")
+    done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
+    try:
+        status = json.loads(done.stdout)
+    except ValueError:
+        pytest.skip("tests/lab/lab status gave no JSON: %s" % done.stderr.strip()[-300:])
+    if not status.get("up") or status.get("containers", {}).get("200") != "running":
+        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
+    return status
+
+
+def base_vars(status: dict, **extra) -> dict:
+    base = dict(
+        ansible_connection="gpuops.repurpose.pct_ssh",
+        ansible_host=status["host"],
+        ansible_port=status["port"],
+        ansible_user="root",
+        ansible_ssh_private_key_file=status["key"],
+        ansible_pct_ssh_known_hosts_file=status["known_hosts"],
+        ansible_python_interpreter="/usr/bin/python3",
+        proxmox_vmid=200,
+    )
+    base.update(extra)
+    return base
+
+
+def run_playbook(tmp: Path, hosts: dict, play: str, timeout: int = 600) -> dict:
+    """Run PLAY against HOSTS; return {task name: {host: result}} from the JSON callback."""
+    inv = tmp / "inventory.json"
+    inv.write_text(json.dumps({"all": {"hosts": hosts}}))
+    pb = tmp / "play.yml"
+    pb.write_text(play)
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
+        ANSIBLE_FORKS=str(len(hosts)),
+        ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp / "cp"),
+    )
+    done = subprocess.run(
+        [str(BIN / "ansible-playbook"), "-i", str(inv), str(pb)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    try:
+        data = json.loads(done.stdout)
+    except ValueError:
+        raise AssertionError("ansible-playbook gave no JSON (rc %s): %s %s" % (done.returncode, done.stdout[-2000:], done.stderr[-2000:])) from None
+    out: dict = {}
+    for play_data in data["plays"]:
+        for task in play_data["tasks"]:
+            out.setdefault(task["task"]["name"], {}).update(task["hosts"])
+    return out
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    status = lab_status()
+    tmp = tmp_path_factory.mktemp("pct_ssh_suite")
+    src = tmp / "src"
+    src.mkdir()
+    (src / "empty.bin").write_bytes(b"")
+    (src / "binary.bin").write_bytes(bytes(range(256)) * 1024 + os.urandom(4096) + b"\r\n\x00\xff")
+    (src / "donn\u00e9es \u65e5\u672c 'q' $x.txt").write_text("caf\u00e9 \u2615\n", encoding="utf-8")
+    with open(src / "big.bin", "wb") as fh:
+        block = os.urandom(1 << 20)
+        for i in range(200):
+            fh.write(block[i:] + block[:i])  # 200 MiB, no two blocks alike
+    hosts = {}
+    for name, (user, pipelining, method, big) in MATRIX.items():
+        files = ["empty.bin", "binary.bin", "donn\u00e9es \u65e5\u672c 'q' $x.txt"] + (["big.bin"] if big else [])
+        hosts[name] = base_vars(
+            status,
+            ansible_user=user,
+            ansible_pipelining=pipelining,
+            ansible_pct_ssh_transfer_method=method,
+            it_files=files,
+            it_src=str(src),
+            it_fetch=str(tmp / "fetched" / name),
+        )
+    play = """
+- hosts: all
+  gather_facts: false
+  vars:
+    d: "/tmp/pct_ssh_it/{{ inventory_hostname }}"
+  tasks:
+    - name: raw
+      ansible.builtin.raw: "echo out; echo err >&2; exit 3"
+      register: raw
+      failed_when: false
+    - name: argv
+      ansible.builtin.command:
+        argv: %s
+        expand_argument_vars: false
+    - name: shell
+      ansible.builtin.shell: printf '%%s|' "it's" '$HOME' "$((6*7))" 'x"y' "$(printf 'n\\n')" `printf bt`
+    - name: whoami
+      ansible.builtin.command: id -un
+    - name: become nobody inside the container
+      ansible.builtin.command: id -un
+      become: true
+      become_user: nobody
+      become_method: ansible.builtin.su  # the container has no sudo; su runs as root without a password
+      become_flags: "-s /bin/sh"  # nobody's login shell is nologin
+    - name: mkdir
+      ansible.builtin.file:
+        path: "{{ d }}"
+        state: directory
+        mode: "0755"
+    - name: copy
+      ansible.builtin.copy:
+        src: "{{ it_src }}/{{ item }}"
+        dest: "{{ d }}/{{ item }}"
+        mode: "0640"
+      loop: "{{ it_files }}"
+    - name: stat
+      ansible.builtin.stat:
+        path: "{{ d }}/{{ item }}"
+        checksum_algorithm: sha256
+      loop: "{{ it_files }}"
+    - name: fetch
+      ansible.builtin.fetch:
+        src: "{{ d }}/{{ item }}"
+        dest: "{{ it_fetch }}/{{ item }}"
+        flat: true
+      loop: "{{ it_files }}"
+    - name: cleanup
+      ansible.builtin.file:
+        path: "{{ d }}"
+        state: absent
+""" % json.dumps(["printf", "%s\\n"] + HOSTILE_ARGV)
+    results = run_playbook(tmp, hosts, play)
+    return results, src, tmp
+
+
+@pytest.mark.parametrize("host", sorted(MATRIX))
+def test_raw_keeps_streams_apart(suite, host):
+    r = suite[0]["raw"][host]
+    assert r["rc"] == 3
+    assert r["stdout"].strip() == "out"
+    assert r["stderr"].strip() == "err"
+
+
+@pytest.mark.parametrize("host", sorted(MATRIX))
+def test_hostile_argv_arrives_intact(suite, host):
+    r = suite[0]["argv"][host]
+    assert r["rc"] == 0, r
+    assert r["stdout"] == "\n".join(HOSTILE_ARGV)
+
+
+@pytest.mark.parametrize("host", sorted(MATRIX))
+def test_shell_text_is_parsed_once_inside_the_container(suite, host):
+    r = suite[0]["shell"][host]
+    assert r["stdout"] == "it's|$HOME|42|x\"y|n|bt|"
+
+
+@pytest.mark.parametrize("host", sorted(MATRIX))
+def test_runs_as_container_root_and_becomes_inside(suite, host):
+    assert suite[0]["whoami"][host]["stdout"] == "root"
+    assert suite[0]["become nobody inside the container"][host]["stdout"] == "nobody"
+
+
+@pytest.mark.parametrize("host", sorted(MATRIX))
+def test_files_arrive_and_come_back_byte_for_byte(suite, host):
+    results, src, tmp = suite
+    files = [item["item"] for item in results["copy"][host]["results"]]
+    failures = [(i["item"], i.get("msg"), i.get("exception", "")[-800:]) for i in results["copy"][host]["results"] if i.get("failed")]
+    assert files and not failures
+    for item in results["stat"][host]["results"]:
+        local = src / item["item"]
+        assert item["stat"]["exists"], item
+        assert item["stat"]["size"] == local.stat().st_size
+        assert item["stat"]["checksum"] == sha256(local)
+        assert item["stat"]["mode"] == "0640"
+    for name in files:
+        fetched = tmp / "fetched" / host / name
+        assert fetched.exists(), "%s not fetched" % name
+        assert sha256(fetched) == sha256(src / name), name
+    assert not results["cleanup"][host].get("failed")
+
+
+def test_matrix_covers_the_200mb_file_for_root_sudo_and_cat(suite):
+    results = suite[0]
+    big = [h for h in MATRIX if "big.bin" in [i["item"] for i in results["copy"][h]["results"]]]
+    assert sorted(big) == ["pveops_plain", "root_cat", "root_pipelined"]
+
+
+def test_no_temporary_files_left_on_the_host(suite):
+    status = lab_status()
+    done = subprocess.run(
+        ["ssh", "-p", str(status["port"]), "-i", status["key"], "-o", "UserKnownHostsFile=%s" % status["known_hosts"],
+         "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+         "root@%s" % status["host"], "ls -a /tmp"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert ".pct_ssh-" not in done.stdout

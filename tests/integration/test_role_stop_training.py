@@ -1,0 +1,337 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The stop_training role and playbooks/repurpose_ct200.yml, for real, against the CT200 lab.
+
+Every test runs the real ``ansible-playbook`` (the real connection plugin, the
+real modules, the real fake trainer in tmux) and checks what happened inside
+CT200 through the lab's PVE host (``ssh`` + ``pct exec``) and in the fake GPU
+state. The lab is set up per case with ``tests/lab/lab trainer BEHAVIOUR``
+and is never brought down. Skipped with the reason when the lab is not up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "tests" / "lab" / "lab"
+BIN = Path(sys.executable).parent
+PLAYBOOK = ROOT / "playbooks" / "repurpose_ct200.yml"
+INVENTORY = ROOT / "inventories" / "lab"
+LOCK = "/run/gpuops-repurpose/stop_training.lock"
+TRAINER_RE = re.compile(r"^\S*python[0-9.]*\s+(-\S+\s+)*\S*fake_trainer\.py(\s|$)")
+# Short rungs keep the suite quick; the role's defaults are the incident's.
+FAST = {
+    "repurpose_datagen": False,
+    "stop_training_ladder": [
+        {"signal": "SIGINT", "via": "tmux", "timeout": 20},
+        {"signal": "SIGTERM", "timeout": 10},
+        {"signal": "SIGKILL", "timeout": 5},
+    ],
+    "stop_training_kill_timeout": 5,
+    "stop_training_gpu_timeout": 30,
+    "stop_training_gpu_interval": 0.2,
+    "stop_training_restart_timeout": 60,
+}
+STUBBORN = dict(FAST, stop_training_ladder=[
+    {"signal": "SIGINT", "via": "tmux", "timeout": 6},
+    {"signal": "SIGTERM", "timeout": 4},
+    {"signal": "SIGKILL", "timeout": 5},
+])
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+
+
+# ---------------------------------------------------------------- lab helpers
+
+def lab_status() -> dict | None:
+    if not LAB.exists():
+        return None
+    try:
+        done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
+        return json.loads(done.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+@pytest.fixture(scope="module")
+def lab() -> dict:
+    status = lab_status()
+    if os.geteuid() != 0:
+        pytest.skip("the CT200 lab needs root")
+    if not status or not status.get("up"):
+        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
+    return status
+
+
+def trainer(behaviour: str) -> dict:
+    """(Re)start the dflash trainer; the lab waits until it prints step lines."""
+    done = subprocess.run([str(LAB), "trainer", behaviour], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout)
+
+
+def ct(status: dict, *argv: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+    """Run argv in CT200 the way an operator does: ssh to the PVE host, then pct exec."""
+    ssh = [
+        "ssh", "-p", str(status["port"]), "-i", status["key"],
+        "-o", "UserKnownHostsFile=" + status["known_hosts"], "-o", "StrictHostKeyChecking=yes",
+        "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+        "root@" + status["host"], "pct", "exec", "200", "--",
+    ]
+    done = subprocess.run(ssh + list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    if check:
+        assert done.returncode == 0, "pct exec %s: %s%s" % (argv, done.stdout, done.stderr)
+    return done
+
+
+def ct_processes(status: dict) -> dict[int, str]:
+    out = ct(status, "ps", "-eo", "pid=,args=").stdout
+    procs = {}
+    for line in out.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if pid.isdigit():
+            procs[int(pid)] = args.strip()
+    return procs
+
+
+def trainer_pids(status: dict) -> set[int]:
+    return {pid for pid, args in ct_processes(status).items() if TRAINER_RE.search(args)}
+
+
+def decoy_pids(status: dict) -> set[int]:
+    """The lab's decoys: the networkd-dispatcher-like daemon, the editor, the monitor loop."""
+    return {pid for pid, args in ct_processes(status).items()
+            if "networkd-dispatcher" in args or args.startswith(("vi ", "watch "))}
+
+
+def gpu_used(status: dict) -> dict[str, int]:
+    """Memory per GPU from the fake GPUs' own state (the truth the modules are judged against)."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "lab" / "fakegpu" / "fakegpu.py"), "--dir", status["fakegpu"]["dir"], "state"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    return {str(k): int(v) for k, v in json.loads(done.stdout)["used_mib"].items()}
+
+
+def lock_holder(status: dict) -> dict | None:
+    done = ct(status, "cat", LOCK, check=False)
+    return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
+
+
+# ---------------------------------------------------------------- ansible-playbook
+
+def env() -> dict:
+    e = dict(os.environ)
+    e.update({
+        "PATH": "%s:%s" % (BIN, e.get("PATH", "")),
+        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return e
+
+
+def argv(extra: dict | None = None, *args: str) -> list[str]:
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(PLAYBOOK), "-e", json.dumps(FAST)]
+    if extra:
+        cmd += ["-e", json.dumps(extra)]
+    return cmd + list(args)
+
+
+def play(extra: dict | None = None, *args: str, timeout: float = 600) -> tuple[int, str]:
+    done = subprocess.run(argv(extra, *args), cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    return done.returncode, done.stdout + done.stderr
+
+
+def start(extra: dict | None = None, *args: str) -> subprocess.Popen:
+    """ansible-playbook in its own process group (so a test can kill it like a cancelled AWX job)."""
+    return subprocess.Popen(argv(extra, *args), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def read_until(proc: subprocess.Popen, needle: str, timeout: float = 300) -> str:
+    """Output of ``proc`` up to and including the first line containing ``needle``."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError("never saw %r; output:\n%s" % (needle, "".join(seen)[-4000:]))
+
+
+def recap(output: str, host: str = "ct200") -> dict[str, int]:
+    m = re.search(r"^%s\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)" % re.escape(host),
+                  output, re.M)
+    assert m, "no recap for %s in:\n%s" % (host, output[-3000:])
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
+
+
+# ---------------------------------------------------------------- tests
+
+BAD = [
+    pytest.param({"stop_training_vmid": "200; reboot"}, "stop_training_vmid", id="vmid-not-a-number"),
+    pytest.param({"proxmox_vmid": "abc"}, "stop_training_vmid", id="inventory-vmid-not-a-number"),
+    pytest.param({"stop_training_ladder": [{"signal": "SIGFOO", "timeout": 5}]}, "SIGFOO", id="unknown-signal"),
+    pytest.param({"stop_training_ladder": [{"signal": "SIGTERM", "timeout": -1}]}, "every rung timeout must be >= 0",
+                 id="negative-rung-timeout"),
+    pytest.param({"stop_training_gpu_timeout": -5}, "stop_training_gpu_timeout must be >= 0", id="negative-gpu-timeout"),
+    pytest.param({"stop_training_lock_timeout": -1}, "stop_training_lock_timeout must be >= 0", id="negative-lock-timeout"),
+    pytest.param({"stop_training_pve_host": "pve9"}, "stop_training_pve_host must name", id="unknown-pve-host"),
+]
+
+
+@pytest.fixture(scope="module")
+def graceful_trainer(lab):
+    trainer("graceful")
+    return lab
+
+
+@pytest.mark.parametrize(("bad", "named"), BAD)
+def test_bad_variables_are_rejected_before_anything_runs(graceful_trainer, bad, named):
+    before = trainer_pids(graceful_trainer)
+    assert before, "the lab trainer is not running"
+    rc, out = play(bad)
+    assert rc != 0
+    assert named in out
+    # Nothing ran on any host: no pre-flight, no lock, no signal.
+    assert "Pre-flight |" not in out
+    assert lock_holder(graceful_trainer) is None
+    assert trainer_pids(graceful_trainer) == before
+
+
+def test_check_mode_is_a_dry_run_that_shows_the_plan(graceful_trainer):
+    before = trainer_pids(graceful_trainer)
+    decoys = decoy_pids(graceful_trainer)
+    held = gpu_used(graceful_trainer)
+    rc, out = play(None, "--check")
+    assert rc == 0, out
+    assert "DRY RUN (check mode): nothing will be signalled" in out
+    assert "Will stop %d process(es)" % len(before) in out or "Will stop" in out
+    assert re.search(r"Last step line: step \d+ \|", out), out
+    assert trainer_pids(graceful_trainer) == before
+    assert decoy_pids(graceful_trainer) == decoys
+    assert sum(gpu_used(graceful_trainer).values()) == sum(held.values()) > 0
+    assert lock_holder(graceful_trainer) is None
+
+
+def test_rerun_after_the_play_was_killed_between_ladder_and_gpu_check(lab):
+    trainer("graceful")
+    decoys = decoy_pids(lab)
+    first = start()
+    try:
+        out1 = read_until(first, "Stop | Wait until every GPU's memory is released")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+    assert "Stop | Run the stop-verify-kill ladder" in out1
+    assert not trainer_pids(lab), "the ladder had finished before the kill"
+    # The killed run could not release its lock; it names the dead ansible-playbook.
+    holder = lock_holder(lab)
+    assert holder is not None and int(holder["controller_pid"]) == first.pid
+
+    rc, out = play()
+    assert rc == 0, out
+    assert "took over a stale lock" in out and "is gone" in out
+    assert "Stopped: nothing, no process was selected" in out
+    assert re.search(r"GPU memory after: +8 GPU\(s\) free", out), out
+    assert recap(out)["changed"] == 0
+    assert decoy_pids(lab) == decoys
+    assert lock_holder(lab) is None
+
+
+def test_gpu_memory_never_freed_fails_naming_holder_then_restart_rung_recovers(lab):
+    trainer("graceful")
+    # A process outside the job keeps GPU 5 (a stray notebook, a leaked context).
+    ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345"
+       " >/dev/null 2>&1 </dev/null")
+    stray = wait_for(lambda: {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a}, 30, "the stray holder")
+    rc, out = play({"stop_training_gpu_timeout": 4})
+    assert rc != 0
+    assert "GPU memory is still held" in out
+    assert any("holder pid %d" % pid in out for pid in stray), out
+    assert "stop_training_restart_container=true" in out
+    assert not trainer_pids(lab), "the job itself was stopped"
+    assert {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a} == stray, "the role never kills a holder"
+
+    rc, out = play({"stop_training_gpu_timeout": 10, "stop_training_restart_container": True})
+    assert rc == 0, out
+    assert "LAST RUNG WAS NEEDED: CT 200 was restarted" in out
+    assert not {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a}
+    assert max(gpu_used(lab).values()) <= 512
+    assert lab_status()["containers"]["200"] == "running"
+
+
+def test_concurrent_runs_one_fails_naming_the_holder_one_waits(lab):
+    trainer("stubborn")
+    first = start(STUBBORN)
+    try:
+        out_a = read_until(first, "Stop | Run the stop-verify-kill ladder")
+        holder = lock_holder(lab)
+        assert holder is not None and int(holder["controller_pid"]) == first.pid
+        # A second run that may wait 1 s fails, naming the run that holds the lock.
+        rc_b, out_b = play(dict(STUBBORN, stop_training_lock_timeout=1))
+        assert rc_b != 0
+        assert "Another run holds the stop_training lock" in out_b
+        assert "ansible-playbook pid %d" % first.pid in out_b
+        assert "Stop | Plan" not in out_b and "Stop | Run the stop-verify-kill ladder" not in out_b
+        # A third run that may wait long enough starts after the first is done, and finds nothing to stop.
+        third = start(dict(STUBBORN, stop_training_lock_timeout=300))
+        rest_a, _ = first.communicate(timeout=600)
+        out_c, _ = third.communicate(timeout=600)
+    finally:
+        for proc in (first,):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    out_a += rest_a
+    assert first.returncode == 0, out_a
+    assert "by rung SIGKILL" in out_a
+    assert third.returncode == 0, out_c
+    assert "Stopped: nothing, no process was selected" in out_c
+    assert recap(out_c)["changed"] == 0
+    assert lock_holder(lab) is None
+
+
+def test_stopped_container_is_reported_not_started_and_other_hosts_carry_on(lab, tmp_path):
+    """CT201 (stopped) fails its own host only; CT200 in the same play is stopped as usual."""
+    if lab_status()["containers"].get("201") != "stopped":
+        pytest.skip("CT201 is not in its usual stopped state")
+    trainer("graceful")
+    extra = tmp_path / "ct201.yml"
+    extra.write_text(json.dumps({"training_containers": {"hosts": {"ct201": {"proxmox_vmid": 201}}}}))
+    cmd = argv(None, "-i", str(extra), "-e", "repurpose_serial=2")
+    done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "CT 201 on lab-pve is stopped" in out and "never starts a container" in out
+    assert recap(out, "ct201")["failed"] == 1
+    assert recap(out, "ct200")["failed"] == 0
+    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free" in out
+    assert lab_status()["containers"]["201"] == "stopped"
+    assert not trainer_pids(lab)

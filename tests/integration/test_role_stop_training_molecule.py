@@ -1,0 +1,48 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Molecule scenarios of the stop_training role (extensions/molecule/), one per trainer behaviour.
+
+Each runs ``molecule test -s NAME`` from the collection root: the shared
+``default`` scenario checks the lab is up (create) and leaves it up (destroy);
+the behaviour scenario switches the lab's trainer (prepare), runs
+playbooks/repurpose_ct200.yml (converge), runs it again expecting no change
+(idempotence) and checks the container (verify).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "tests" / "lab" / "lab"
+BIN = Path(sys.executable).parent
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+
+
+def lab_up() -> bool:
+    try:
+        done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
+        return bool(json.loads(done.stdout).get("up"))
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.parametrize("scenario", ["graceful", "stubborn", "orphans", "slow_checkpoint"])
+def test_molecule_scenario(scenario):
+    if os.geteuid() != 0 or not lab_up():
+        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up as root)")
+    env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_NOCOLOR="1", NO_COLOR="1")
+    done = subprocess.run([str(BIN / "molecule"), "test", "-s", scenario], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=850, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-6000:]
+    assert "idempotence" in out

@@ -1,0 +1,187 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""training_stop on the lab's PVE host, scoped with ``container: 200``, while CT201 runs the same command line.
+
+The module runs through real ``ansible`` over the lab's sshd (the "PVE host"),
+where it sees every container's processes under host PIDs. CT201 is started
+(if it was stopped), gets the trainer pushed with ``pct push`` and runs the
+exact command line CT200's trainer runs, with its fake GPUs in a private state
+directory (so the shared fake GPUs stay as other tests expect). Afterwards the
+CT200 trainer is restarted with the behaviour it had, CT201's trainer is killed
+by the PIDs this test saw start, and CT201 is stopped again if it was stopped.
+The lab itself is never brought down. Skipped when the lab is not up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LAB = os.path.join(ROOT, "tests", "lab", "lab")
+TRAINER = os.path.join(ROOT, "tests", "lab", "trainer", "fake_trainer.py")
+BIN = os.path.dirname(sys.executable)
+sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "trainer"))
+from fake_trainer import verify_checkpoint  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, ".collections"))
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (  # noqa: E402
+    container_vmid_from_cgroup,
+    iter_processes,
+)
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
+
+PRECISE = r"^python3 /opt/lab/trainer/fake_trainer\.py "
+LADDER = [{"signal": "SIGINT", "timeout": 30}, {"signal": "SIGTERM", "timeout": 10}, {"signal": "SIGKILL", "timeout": 5}]
+
+
+def lab_status() -> dict | None:
+    try:
+        done = subprocess.run([LAB, "status"], capture_output=True, text=True, timeout=60, check=False)
+        return json.loads(done.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+@pytest.fixture(scope="module")
+def lab() -> dict:
+    if os.geteuid() != 0:
+        pytest.skip("the CT200 lab needs root")
+    status = lab_status()
+    if not status or not status.get("up"):
+        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
+    return status
+
+
+def ssh(status: dict, *argv: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    """A command on the lab's PVE host (argv quoted once for its shell)."""
+    import shlex
+
+    cmd = ["ssh", "-p", str(status["port"]), "-i", status["key"], "-o", "UserKnownHostsFile=" + status["known_hosts"],
+           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+           "root@" + status["host"], shlex.join(argv)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if check:
+        assert done.returncode == 0, "%s: %s%s" % (argv, done.stdout, done.stderr)
+    return done
+
+
+def trainer_procs(vmid: int) -> dict[int, int]:
+    """Host pid -> start time of the fake trainer's processes in container ``vmid``."""
+    found = {}
+    for info in iter_processes():
+        if container_vmid_from_cgroup(info.cgroup) == vmid and re.search(PRECISE, info.command):
+            found[info.pid] = info.starttime
+    return found
+
+
+def same(procs: dict[int, int]) -> bool:
+    """Every process still alive as the same process (pid + start time, not a zombie)."""
+    for pid, start in procs.items():
+        try:
+            with open("/proc/%d/stat" % pid) as handle:
+                rest = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return False
+        if rest[0] in ("Z", "X") or int(rest[19]) != start:
+            return False
+    return True
+
+
+def module_on_host(status: dict, args: dict, check_mode: bool = False) -> dict:
+    """Run the module on the lab's PVE host through real ansible; the parsed result."""
+    argv = [os.path.join(BIN, "ansible"), "lab-pve", "-i", os.path.join(ROOT, "inventories", "lab"), "-o",
+            "-m", "gpuops.repurpose.training_stop", "-a", json.dumps(args)]
+    if check_mode:
+        argv.append("--check")
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith("lab-pve | ")]
+    assert line, done.stdout + done.stderr
+    result = json.loads(line[0].split(" => ", 1)[1])
+    result["ansible_rc"] = done.returncode
+    return result
+
+
+def wait_for(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < end, "timed out waiting for %s" % what
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def twin(lab):
+    """CT201 running CT200's exact trainer command line; everything restored afterwards."""
+    before = lab["containers"].get("201")
+    behaviour = lab.get("trainer", {}).get("behaviour") or "graceful"
+    command = lab["trainer"]["command"]
+    if not lab["trainer"].get("running"):
+        subprocess.run([LAB, "trainer", behaviour], check=True, capture_output=True, timeout=300)
+    if before != "running":
+        ssh(lab, "pct", "start", "201")
+        wait_for(lambda: "running" in ssh(lab, "pct", "status", "201").stdout, 60, "CT201 running")
+    started: dict[int, int] = {}
+    try:
+        ssh(lab, "pct", "exec", "201", "--", "mkdir", "-p", "/opt/lab/trainer", "/root/dflash/checkpoints")
+        ssh(lab, "pct", "push", "201", TRAINER, "/opt/lab/trainer/fake_trainer.py")
+        # the same argv; only the environment differs (private fake GPUs inside CT201)
+        script = ("export FAKEGPU_DIR=/tmp/fakegpu-ct201; python3 /opt/lab/fakegpu/fakegpu.py init --count 8 >/dev/null;"
+                  " cd /root/dflash; setsid %s </dev/null >/tmp/trainer.log 2>&1 &" % command)
+        ssh(lab, "pct", "exec", "201", "--", "sh", "-c", script)
+        started.update(wait_for(lambda: (lambda p: p if len(p) == 9 else None)(trainer_procs(201)), 60,
+                                "CT201 trainer with 8 workers"))
+        yield {"ct201": started, "behaviour": behaviour}
+    finally:
+        for pid in started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if before != "running":
+            ssh(lab, "pct", "stop", "201", check=False)
+        subprocess.run([LAB, "trainer", behaviour], check=False, capture_output=True, timeout=300)
+
+
+def test_container_scope_stops_ct200_only(lab, twin):
+    ct200 = trainer_procs(200)
+    assert len(ct200) == 9, "CT200's trainer is not complete: %s" % ct200
+    ct201 = twin["ct201"]
+    # the same regex without the scope is two jobs in two containers: refused, nothing signalled
+    broad = module_on_host(lab, {"match": PRECISE, "ladder": LADDER})
+    assert broad["ansible_rc"] != 0 and broad["msg"].startswith("match hits 2 unrelated process groups")
+    # a loose regex inside CT200 also hits the lab's editor decoy (vi with the script open): refused
+    loose = module_on_host(lab, {"container": 200, "match": r"fake_trainer\.py", "ladder": LADDER})
+    assert loose["ansible_rc"] != 0 and re.search(r"program vi\b", loose["msg"]), loose["msg"]
+    plan = module_on_host(lab, {"container": 200, "match": PRECISE, "ladder": LADDER}, check_mode=True)
+    assert plan["ansible_rc"] == 0 and sorted(e["pid"] for e in plan["selected"]) == sorted(ct200)
+    assert same(ct200) and same(ct201)
+
+    result = module_on_host(lab, {"container": 200, "match": PRECISE, "ladder": LADDER})
+    assert result["ansible_rc"] == 0, result
+    assert sorted(e["pid"] for e in result["selected"]) == sorted(ct200)
+    expected = {"graceful": "SIGINT", "slow_checkpoint": "SIGINT", "orphans": "SIGTERM", "respawn": "SIGTERM",
+                "stubborn": "SIGKILL"}[twin["behaviour"]]
+    assert result["stopped_by"] == expected and result["unkillable"] == [] and result["pidfd"] is True
+    assert not same(ct200)
+    assert same(ct201), "CT201's trainer was touched"
+    log = ssh(lab, "pct", "exec", "201", "--", "cat", "/tmp/trainer.log").stdout
+    assert "got SIG" not in log and "step " in log
+    if twin["behaviour"] != "stubborn":
+        rootfs = os.path.join(lab["lxcpath"], "200", "rootfs", "root", "dflash", "checkpoints")
+        with open(os.path.join(rootfs, "latest")) as handle:
+            assert verify_checkpoint(os.path.join(rootfs, handle.read().strip())) >= 682

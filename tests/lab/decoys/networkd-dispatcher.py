@@ -1,0 +1,35 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Lab decoy: a long-running python daemon that looks like Debian's networkd-dispatcher.
+
+Installed by tests/lab/lab as /usr/bin/networkd-dispatcher inside the lab
+containers and run by a systemd unit, so ``ps`` shows
+``/usr/bin/python3 /usr/bin/networkd-dispatcher --run-startup-triggers``,
+as on a stock Debian/Ubuntu node. It is the process an over-broad
+``pgrep python`` / ``ps aux | grep python`` wrongly counts as training.
+It holds no GPU and does nothing but wait; SIGTERM ends it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="networkd-dispatcher")
+    parser.add_argument("--run-startup-triggers", action="store_true")
+    parser.add_argument("-S", "--script-dir", default="/etc/networkd-dispatcher")
+    parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

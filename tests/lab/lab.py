@@ -1,0 +1,1157 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The local CT200 lab: ``lab up | down | status | trainer BEHAVIOUR`` (run as root).
+
+Real parts: LXC containers 200 (ct200) and 201 (ct201) with systemd as init in
+a private lxcpath, a real sshd on 127.0.0.1:2222 playing the Proxmox VE host
+(its own mount namespace, where tests/lab/pct sits at /usr/sbin/pct and the
+fake nvidia-smi at /usr/bin/nvidia-smi), tmux session ``dflash`` in CT200
+running the fake trainer, decoy processes. Faked: only the GPUs.
+
+``up`` is idempotent and fast when the lab is there; ``down`` ends only what
+the lab started (recorded PIDs checked against their start times, its own
+container names under its own lxcpath, its supervisor's mount namespace) and
+keeps the rootfs cache. See tests/lab/README.md.
+
+Standard library only; the process helpers come from the collection's
+plugins/module_utils/_proc.py and _wait.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+
+def _load_module_util(name: str):
+    path = os.path.join(REPO, "plugins", "module_utils", name + ".py")
+    spec = importlib.util.spec_from_file_location("gpuops_lab_" + name.strip("_"), path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+_proc = _load_module_util("_proc")
+Deadline = _load_module_util("_wait").Deadline
+
+# ---------------------------------------------------------------- the lab's facts
+
+LAB_DIR = os.path.abspath(os.environ.get("GPUOPS_LAB_DIR", "/var/lib/gpuops-lab"))
+CACHE_DIR = os.path.abspath(os.environ.get("GPUOPS_LAB_CACHE", "/var/cache/gpuops-lab"))
+LOCK_FILE = "/run/gpuops-lab-%s.lock" % hashlib.sha256(LAB_DIR.encode()).hexdigest()[:8]
+LXCPATH = os.path.join(LAB_DIR, "lxc")
+SSH_DIR = os.path.join(LAB_DIR, "ssh")
+PVE_CONF_DIR = os.path.join(LAB_DIR, "pve", "lxc")
+NS_DIR = os.path.join(LAB_DIR, "ns")
+HOME_DIR = os.path.join(LAB_DIR, "home")
+FAKEGPU_DIR = os.path.join(LAB_DIR, "fakegpu")
+STATE_FILE = os.path.join(LAB_DIR, "state.json")
+SUPERVISOR_FILE = os.path.join(LAB_DIR, "supervisor.json")
+MARKER = os.path.join(LAB_DIR, ".gpuops-lab")
+KEY = os.path.join(SSH_DIR, "id_ed25519")
+KNOWN_HOSTS = os.path.join(SSH_DIR, "known_hosts")
+SSHD_CONFIG = os.path.join(SSH_DIR, "sshd_config")
+SUDOERS = "/etc/sudoers.d/gpuops-lab"
+
+HOST = "127.0.0.1"
+PORT = int(os.environ.get("GPUOPS_LAB_PORT", "2222"))
+NODE = socket.gethostname().split(".")[0]
+CONTAINERS = {"200": "ct200", "201": "ct201"}
+MAIN_CT = "200"
+SUDO_USER = "pveops"
+NOSUDO_USER = "pvenosudo"
+LAB_USERS = (SUDO_USER, NOSUDO_USER)
+
+SUITE = "bookworm"
+VARIANT = "minbase"
+MIRROR = os.environ.get("GPUOPS_LAB_MIRROR", "http://deb.debian.org/debian")
+# What CT200 needs: systemd as init, python3 (+venv for the SGLang role), tmux
+# for the dflash session, procps/psmisc (ps, watch, fuser), an editor for the decoy.
+PACKAGES = (
+    "systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "tmux", "procps",
+    "psmisc", "vim-tiny", "ca-certificates",
+)
+
+# In the containers (the fakegpu library's default state dir, so no env is needed there).
+CT_FAKEGPU_DIR = "/var/lib/gpuops-lab/fakegpu"
+CT_LAB = "/opt/lab"
+GPU_COUNT = 8
+TRAINER_SESSION = "dflash"
+TRAINER_SCRIPT = CT_LAB + "/trainer/fake_trainer.py"
+TRAINER_CKPT = "/root/dflash/checkpoints"
+TRAINER_NPROC = 8
+BEHAVIOURS = ("graceful", "slow_checkpoint", "stubborn", "orphans", "respawn")
+DEFAULT_BEHAVIOUR = "graceful"
+STEP_RE = re.compile(r"^step \d+ \|", re.M)
+DECOY_SESSIONS = {
+    "edit": ["vi", TRAINER_SCRIPT],
+    "monitor": ["watch", "-n", "5", "nvidia-smi"],
+}
+CT_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "USER": "root",
+    "LOGNAME": "root",
+    "SHELL": "/bin/bash",
+    "TERM": "xterm-256color",
+    "LANG": "C.UTF-8",
+}
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class LabError(Exception):
+    """A lab step failed; the message says which and what to do."""
+
+
+_T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    sys.stderr.write("lab [%5.1fs]: %s\n" % (time.monotonic() - _T0, msg))
+    sys.stderr.flush()
+
+
+def run(cmd: list[str], timeout: float = 60, check: bool = True, input: bytes | None = None,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    try:
+        res = subprocess.run(cmd, capture_output=True, timeout=timeout, input=input, env=env)
+    except subprocess.TimeoutExpired:
+        raise LabError("timed out after %ss: %s" % (timeout, shlex.join(cmd))) from None
+    except FileNotFoundError:
+        raise LabError("command not found: %s (run scripts/setup)" % cmd[0]) from None
+    if check and res.returncode != 0:
+        raise LabError("failed (rc %d): %s\n%s%s" % (
+            res.returncode, shlex.join(cmd), res.stdout.decode(errors="replace")[-2000:],
+            res.stderr.decode(errors="replace")[-2000:]))
+    return res
+
+
+def atomic_write(path: str, text: str, mode: int = 0o644) -> None:
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def write_if_changed(path: str, text: str, mode: int = 0o644) -> bool:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            if handle.read() == text and (os.stat(path).st_mode & 0o7777) == mode:
+                return False
+    except OSError:
+        pass
+    atomic_write(path, text, mode)
+    return True
+
+
+def load_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return {}
+
+
+def save_state(state: dict) -> None:
+    atomic_write(STATE_FILE, json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------- processes
+
+def proc_ref(pid: int) -> dict | None:
+    start = _proc.read_starttime(pid)
+    return None if start is None else {"pid": pid, "starttime": start}
+
+
+def ref_alive(ref: dict | None) -> bool:
+    """The recorded process still runs (same PID *and* start time; a zombie is gone)."""
+    if not ref:
+        return False
+    info = _proc.read_process(int(ref["pid"]))
+    return info is not None and info.starttime == ref["starttime"] and info.state not in ("Z", "X")
+
+
+def children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for info in _proc.iter_processes():
+        kids.setdefault(info.ppid, []).append(info.pid)
+    return kids
+
+
+def descendants(pid: int, kids: dict[int, list[int]]) -> list[int]:
+    out: list[int] = []
+    todo = list(kids.get(pid, []))
+    while todo:
+        cur = todo.pop()
+        out.append(cur)
+        todo.extend(kids.get(cur, []))
+    return out
+
+
+def kill_refs(refs: list[dict], timeout: float = 15.0, with_descendants: bool = True) -> list[int]:
+    """SIGKILL the recorded processes that are still the same processes, and their trees.
+
+    Descendants are found again on every pass (a respawning launcher can
+    fork while we work). Returns what is left alive at the deadline.
+    """
+    deadline = Deadline(timeout)
+    targets = [r for r in refs if ref_alive(r)]
+    while True:
+        pids = {int(r["pid"]) for r in targets if ref_alive(r)}
+        if with_descendants and pids:
+            kids = children_map()
+            for pid in list(pids):
+                pids.update(descendants(pid, kids))
+        alive = []
+        for pid in pids:
+            info = _proc.read_process(pid)
+            if info is None or info.state in ("Z", "X"):
+                continue
+            alive.append(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not alive or deadline.expired():
+            return alive
+        time.sleep(0.05)
+
+
+def reap_children_nohang() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def mountinfo_under(path: str) -> list[str]:
+    """Mount points at or below path in this mount namespace, deepest first."""
+    path = path.rstrip("/")
+    out = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+        for line in handle:
+            mnt = line.split()[4].replace("\\040", " ")
+            if mnt == path or mnt.startswith(path + "/"):
+                out.append(mnt)
+    return sorted(out, key=len, reverse=True)
+
+
+def umount_under(path: str) -> None:
+    for mnt in mountinfo_under(path):
+        run(["umount", "-l", mnt], timeout=30, check=False)
+
+
+# ---------------------------------------------------------------- lock
+
+class Lock:
+    """One lab operation at a time (up/down/trainer); status never waits for it."""
+
+    def __init__(self, timeout: float = 1800) -> None:
+        self.timeout = timeout
+        self.fd = -1
+
+    def __enter__(self) -> Lock:
+        self.fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = Deadline(self.timeout)
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if deadline.expired():
+                raise LabError("another lab operation holds %s for more than %ss" % (LOCK_FILE, self.timeout))
+            time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+
+# ---------------------------------------------------------------- preflight
+
+NEEDED = {
+    "debootstrap": "debootstrap", "lxc-start": "lxc", "lxc-attach": "lxc", "lxc-info": "lxc",
+    "lxc-stop": "lxc", "lxc-wait": "lxc", "unshare": "util-linux", "mount": "mount",
+    "ssh": "openssh-client", "ssh-keygen": "openssh-client", "sudo": "sudo", "visudo": "sudo",
+    "useradd": "passwd", "userdel": "passwd", "usermod": "passwd", "cp": "coreutils",
+}
+
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (LXC, sshd, users): run it as root")
+    missing = sorted({pkg for tool, pkg in NEEDED.items() if shutil.which(tool) is None})
+    if not os.path.exists("/usr/sbin/sshd"):
+        missing.append("openssh-server")
+    if missing:
+        raise LabError("missing packages %s: run scripts/setup" % ", ".join(missing))
+    if LAB_DIR in ("/", "") or not os.path.basename(LAB_DIR).startswith("gpuops-lab"):
+        raise LabError("GPUOPS_LAB_DIR=%s: its last component must start with 'gpuops-lab'" % LAB_DIR)
+
+
+# ---------------------------------------------------------------- rootfs cache
+
+def cache_key() -> str:
+    spec = {"suite": SUITE, "variant": VARIANT, "mirror": MIRROR, "packages": sorted(PACKAGES), "v": 1}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def rootfs_cache() -> str:
+    """The pristine debootstrap tree for this package list, built once (never booted)."""
+    path = os.path.join(CACHE_DIR, "rootfs-%s-%s" % (SUITE, cache_key()))
+    if os.path.exists(os.path.join(path, ".gpuops-lab-complete")):
+        return path
+    os.makedirs(CACHE_DIR, exist_ok=True)
+    tmp = path + ".partial"
+    if os.path.exists(tmp):
+        umount_under(tmp)
+        shutil.rmtree(tmp)
+    log("building the rootfs cache with debootstrap (about a minute): %s" % path)
+    try:
+        run(["debootstrap", "--variant=" + VARIANT, "--include=" + ",".join(PACKAGES), SUITE, tmp, MIRROR],
+            timeout=1500)
+    except LabError:
+        umount_under(tmp)
+        raise
+    umount_under(tmp)
+    with open(os.path.join(tmp, ".gpuops-lab-complete"), "w", encoding="utf-8") as handle:
+        json.dump({"suite": SUITE, "variant": VARIANT, "mirror": MIRROR, "packages": sorted(PACKAGES)}, handle)
+    os.rename(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------- containers
+
+def lxc(tool: str, vmid: str, *args: str) -> list[str]:
+    return [tool, "-P", LXCPATH, "-n", vmid, *args]
+
+
+def ct_state(vmid: str) -> str:
+    if not os.path.isfile(os.path.join(LXCPATH, vmid, "config")):
+        return "absent"
+    res = run(lxc("lxc-info", vmid, "-s", "-H"), timeout=20, check=False)
+    state = res.stdout.decode().strip().lower()
+    return state if state in ("running", "stopped") else (state or "unknown")
+
+
+def ct_init_pid(vmid: str) -> int | None:
+    res = run(lxc("lxc-info", vmid, "-p", "-H"), timeout=20, check=False)
+    try:
+        return int(res.stdout.decode().strip())
+    except ValueError:
+        return None
+
+
+def ct_exec(vmid: str, argv: list[str], timeout: float = 60, check: bool = True,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    cmd = lxc("lxc-attach", vmid, "--clear-env")
+    for key, value in dict(CT_ENV, **(env or {})).items():
+        cmd += ["--set-var", "%s=%s" % (key, value)]
+    return run(cmd + ["--", *argv], timeout=timeout, check=check)
+
+
+def lxc_config(vmid: str, hostname: str) -> str:
+    cdir = os.path.join(LXCPATH, vmid)
+    lines = [
+        "# gpuops lab container %s, written by tests/lab/lab (rewritten on every up)" % vmid,
+        "lxc.uts.name = %s" % hostname,
+        "lxc.rootfs.path = dir:%s" % os.path.join(cdir, "rootfs"),
+        # share the host's network: loopback to the lab's services, pip/apt inside
+        "lxc.net.0.type = none",
+        "lxc.apparmor.profile = unconfined",
+        "lxc.include = /usr/share/lxc/config/common.conf",
+        "lxc.mount.auto = proc:mixed sys:mixed cgroup:mixed",
+        "lxc.init.cmd = /lib/systemd/systemd",
+        "lxc.log.file = %s" % os.path.join(cdir, "lxc.log"),
+        "lxc.log.level = WARN",
+        "lxc.mount.entry = %s %s none bind,create=dir 0 0" % (FAKEGPU_DIR, CT_FAKEGPU_DIR.lstrip("/")),
+    ]
+    for name in ["nvidia%d" % i for i in range(GPU_COUNT)] + ["nvidiactl"]:
+        lines.append("lxc.mount.entry = %s dev/%s none bind,create=file 0 0" % (
+            os.path.join(FAKEGPU_DIR, "dev", name), name))
+    return "\n".join(lines) + "\n"
+
+
+def pve_config(vmid: str, hostname: str) -> str:
+    """What /etc/pve/nodes/<node>/lxc/<vmid>.conf of a GPU node looks like (read by tests/lab/pct)."""
+    big = vmid == MAIN_CT
+    lines = [
+        "arch: amd64",
+        "cores: %d" % (32 if big else 4),
+        "features: nesting=1",
+        "hostname: %s" % hostname,
+        "memory: %d" % (262144 if big else 8192),
+        "net0: name=eth0,bridge=vmbr0,firewall=1,hwaddr=BC:24:11:00:%02X:%02X,ip=dhcp,type=veth" % (
+            int(vmid) // 256, int(vmid) % 256),
+        "onboot: 1",
+        "ostype: debian",
+        "rootfs: local-lvm:vm-%s-disk-0,size=%s" % (vmid, "500G" if big else "32G"),
+        "swap: 0",
+    ]
+    if big:
+        lines.append("lxc.cgroup2.devices.allow: c 195:* rwm")
+        lines.append("lxc.cgroup2.devices.allow: c 508:* rwm")
+        for name in ["nvidia%d" % i for i in range(GPU_COUNT)] + ["nvidiactl", "nvidia-uvm"]:
+            lines.append("lxc.mount.entry: /dev/%s dev/%s none bind,optional,create=file" % (name, name))
+    return "\n".join(lines) + "\n"
+
+
+def customize_rootfs(rootfs: str, hostname: str) -> None:
+    """Per-container files; idempotent, safe while the container runs."""
+    write_if_changed(os.path.join(rootfs, "etc/hostname"), hostname + "\n")
+    write_if_changed(os.path.join(rootfs, "etc/hosts"),
+                     "127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n" % hostname)
+    mid = os.path.join(rootfs, "etc/machine-id")
+    try:
+        with open(mid, encoding="ascii") as handle:
+            has_id = len(handle.read().strip()) == 32
+    except OSError:
+        has_id = False
+    if not has_id:
+        atomic_write(mid, uuid.uuid4().hex + "\n", 0o444)
+    # the networkd-dispatcher decoy, as a real systemd service
+    decoys = os.path.join(HERE, "decoys")
+    with open(os.path.join(decoys, "networkd-dispatcher.py"), encoding="utf-8") as handle:
+        # the shebang makes ps show '/usr/bin/python3 /usr/bin/networkd-dispatcher ...', as on Debian
+        write_if_changed(os.path.join(rootfs, "usr/bin/networkd-dispatcher"),
+                         "#!/usr/bin/python3\n" + handle.read(), 0o755)
+    unit = os.path.join(rootfs, "etc/systemd/system/networkd-dispatcher.service")
+    shutil.copyfile(os.path.join(decoys, "networkd-dispatcher.service"), unit)
+    write_if_changed(os.path.join(rootfs, "etc/default/networkd-dispatcher"),
+                     'networkd_dispatcher_args="--run-startup-triggers"\n')
+    wants = os.path.join(rootfs, "etc/systemd/system/multi-user.target.wants")
+    os.makedirs(wants, exist_ok=True)
+    link = os.path.join(wants, "networkd-dispatcher.service")
+    if not os.path.islink(link):
+        os.symlink("/etc/systemd/system/networkd-dispatcher.service", link)
+    # the fake driver's tools where the real ones live
+    smi = os.path.join(rootfs, "usr/bin/nvidia-smi")
+    if not os.path.islink(smi):
+        if os.path.exists(smi):
+            os.unlink(smi)
+        os.symlink(CT_LAB + "/fakegpu/nvidia-smi", smi)
+    os.makedirs(os.path.join(rootfs, CT_FAKEGPU_DIR.lstrip("/")), exist_ok=True)
+    os.makedirs(os.path.join(rootfs, TRAINER_CKPT.lstrip("/")), exist_ok=True)
+    sync_lab_files(rootfs)
+
+
+def sync_lab_files(rootfs: str) -> None:
+    """Copy tests/lab/trainer and tests/lab/fakegpu to /opt/lab/ in the container (replacing old copies)."""
+    dest_root = os.path.join(rootfs, CT_LAB.lstrip("/"))
+    os.makedirs(dest_root, exist_ok=True)
+    for name in ("trainer", "fakegpu"):
+        src = os.path.join(HERE, name)
+        dest = os.path.join(dest_root, name)
+        if not os.path.isdir(src):
+            continue
+        new = dest + ".new"
+        if os.path.exists(new):
+            shutil.rmtree(new)
+        shutil.copytree(src, new, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "test_*", "tests"))
+        old = dest + ".old"
+        if os.path.exists(dest):
+            if os.path.exists(old):
+                shutil.rmtree(old)
+            os.rename(dest, old)
+        os.rename(new, dest)
+        if os.path.exists(old):
+            shutil.rmtree(old)
+
+
+def ensure_container(vmid: str, hostname: str, cache: str) -> None:
+    cdir = os.path.join(LXCPATH, vmid)
+    rootfs = os.path.join(cdir, "rootfs")
+    done = os.path.join(cdir, ".created")
+    if not os.path.exists(done):
+        if os.path.exists(cdir):
+            if ct_state(vmid) == "running":
+                raise LabError("container %s is half-created but running; run 'lab down' first" % vmid)
+            umount_under(cdir)
+            shutil.rmtree(cdir)
+        os.makedirs(cdir, mode=0o755)
+        log("creating container %s (%s) from %s" % (vmid, hostname, os.path.basename(cache)))
+        run(["cp", "-a", "--reflink=auto", cache, rootfs], timeout=600)
+        os.unlink(os.path.join(rootfs, ".gpuops-lab-complete"))
+        customize_rootfs(rootfs, hostname)
+        with open(done, "w", encoding="utf-8") as handle:
+            handle.write(os.path.basename(cache) + "\n")
+    else:
+        customize_rootfs(rootfs, hostname)
+    write_if_changed(os.path.join(cdir, "config"), lxc_config(vmid, hostname))
+    write_if_changed(os.path.join(PVE_CONF_DIR, "%s.conf" % vmid), pve_config(vmid, hostname))
+
+
+def wait_booted(vmid: str, timeout: float = 120) -> str:
+    deadline = Deadline(timeout)
+    last = ""
+    while not deadline.expired():
+        res = ct_exec(vmid, ["systemctl", "is-system-running"], timeout=20, check=False)
+        last = (res.stdout.decode().strip() or res.stderr.decode().strip())
+        if last in ("running", "degraded"):
+            return last
+        time.sleep(0.3)
+    raise LabError("container %s did not finish booting within %ss (systemctl is-system-running: %s)" % (
+        vmid, timeout, last))
+
+
+# ---------------------------------------------------------------- the PVE host (sshd)
+
+def ensure_ssh_files() -> None:
+    os.makedirs(SSH_DIR, mode=0o755, exist_ok=True)
+    os.chmod(SSH_DIR, 0o755)
+    hostkey = os.path.join(SSH_DIR, "ssh_host_ed25519_key")
+    if not os.path.exists(hostkey):
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuops-lab-host", "-f", hostkey])
+    if not os.path.exists(KEY):
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuops-lab-client", "-f", KEY])
+    with open(KEY + ".pub", encoding="ascii") as handle:
+        client_pub = handle.read().strip()
+    with open(hostkey + ".pub", encoding="ascii") as handle:
+        host_pub = " ".join(handle.read().split()[:2])
+    write_if_changed(os.path.join(SSH_DIR, "authorized_keys"), client_pub + "\n")
+    names = ["[%s]:%d" % (HOST, PORT), "[localhost]:%d" % PORT]
+    write_if_changed(KNOWN_HOSTS, "".join("%s %s\n" % (name, host_pub) for name in names))
+    config = "\n".join([
+        "# gpuops lab: the fake Proxmox VE host (written by tests/lab/lab)",
+        "Port %d" % PORT,
+        "ListenAddress %s" % HOST,
+        "HostKey %s" % hostkey,
+        "PidFile %s" % os.path.join(SSH_DIR, "sshd.pid"),
+        "AuthorizedKeysFile %s" % os.path.join(SSH_DIR, "authorized_keys"),
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "AllowUsers root %s" % " ".join(LAB_USERS),
+        "StrictModes yes",
+        "X11Forwarding no",
+        "PrintMotd no",
+        "UseDNS no",
+        "MaxStartups 64:30:256",
+        "MaxSessions 64",
+        "AcceptEnv LANG LC_*",
+        "Subsystem sftp internal-sftp",
+        "",
+    ])
+    write_if_changed(SSHD_CONFIG, config)
+    run(["/usr/sbin/sshd", "-t", "-f", SSHD_CONFIG])
+
+
+def ensure_users(state: dict) -> None:
+    created = state.setdefault("users_created", [])
+    for user in LAB_USERS:
+        home = os.path.join(HOME_DIR, user)
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            entry = None
+        if entry is None:
+            os.makedirs(HOME_DIR, mode=0o755, exist_ok=True)
+            run(["useradd", "--create-home", "--home-dir", home, "--shell", "/bin/bash", "--user-group",
+                 "--comment", "gpuops lab", user])
+            created.append(user)
+            save_state(state)
+        elif user not in created and entry.pw_dir != home:
+            raise LabError("user %s exists and was not created by the lab (home %s); remove it or pick "
+                           "another machine" % (user, entry.pw_dir))
+        elif user not in created:
+            created.append(user)  # left by a lab whose state was lost: same home, so ours
+        # '*' = no password but not locked: sshd (UsePAM no) refuses '!' accounts
+        run(["usermod", "-p", "*", user])
+    rule = "# gpuops lab (tests/lab/lab): removed by 'lab down'\n%s ALL=(root) NOPASSWD: /usr/sbin/pct\n" % SUDO_USER
+    tmp = SUDOERS + ".lab-new"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(rule)
+    os.chmod(tmp, 0o440)
+    run(["visudo", "-c", "-q", "-f", tmp])
+    os.replace(tmp, SUDOERS)
+
+
+def ssh_argv(user: str, argv: list[str], timeout: int = 15) -> list[str]:
+    return ["ssh", "-F", "/dev/null", "-i", KEY, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+            "-o", "UserKnownHostsFile=%s" % KNOWN_HOSTS, "-o", "StrictHostKeyChecking=yes",
+            "-o", "ConnectTimeout=%d" % timeout, "-p", str(PORT), "%s@%s" % (user, HOST), "--", shlex.join(argv)]
+
+
+def supervisor_alive(sup: dict) -> bool:
+    return ref_alive(sup.get("supervisor")) and ref_alive(sup.get("sshd"))
+
+
+def port_open() -> bool:
+    try:
+        with socket.create_connection((HOST, PORT), timeout=2) as conn:
+            conn.settimeout(2)
+            return conn.recv(8).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def ensure_supervisor() -> dict:
+    sup = load_json(SUPERVISOR_FILE)
+    if supervisor_alive(sup) and port_open():
+        return sup
+    if ref_alive(sup.get("supervisor")):
+        log("restarting the lab's sshd supervisor")
+        stop_supervisor(sup)
+    if port_open():
+        raise LabError("%s:%d is taken by a process the lab did not start; free it or set GPUOPS_LAB_PORT" % (
+            HOST, PORT))
+    os.makedirs(NS_DIR, exist_ok=True)
+    logf = open(os.path.join(LAB_DIR, "supervisor.log"), "ab")
+    try:
+        os.unlink(SUPERVISOR_FILE)
+    except FileNotFoundError:
+        pass
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, os.path.realpath(__file__), "_supervise"],
+        stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, close_fds=True,
+        env=dict(os.environ, GPUOPS_LAB_DIR=LAB_DIR, GPUOPS_LAB_PORT=str(PORT),
+                 GPUOPS_LAB_HOST_MNTNS=os.readlink("/proc/self/ns/mnt")))
+    logf.close()
+    deadline = Deadline(30)
+    while not deadline.expired():
+        sup = load_json(SUPERVISOR_FILE)
+        if sup.get("ready") and port_open():
+            break
+        if proc.poll() is not None:
+            raise LabError("the lab supervisor exited (rc %s); see %s" % (
+                proc.returncode, os.path.join(LAB_DIR, "supervisor.log")))
+        time.sleep(0.1)
+    else:
+        raise LabError("sshd did not come up on %s:%d within 30s; see %s/supervisor.log" % (HOST, PORT, LAB_DIR))
+    return sup
+
+
+def stop_supervisor(sup: dict, timeout: float = 20) -> None:
+    ref = sup.get("supervisor")
+    if ref_alive(ref):
+        os.kill(int(ref["pid"]), signal.SIGTERM)
+        deadline = Deadline(timeout)
+        while ref_alive(ref) and not deadline.expired():
+            time.sleep(0.05)
+    left = [r for r in (sup.get("supervisor"), sup.get("sshd"), sup.get("driver")) if ref_alive(r)]
+    if left:
+        kill_refs(left, timeout=10)
+
+
+def mntns_members(ns: str) -> list[int]:
+    out = []
+    for pid in _proc.list_pids():
+        try:
+            if os.readlink("/proc/%d/ns/mnt" % pid) == ns:
+                info = _proc.read_process(pid)
+                if info is not None and info.state not in ("Z", "X"):
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+# ------------------------------------------------ the supervisor (inside its mount namespace)
+
+class _Stop(Exception):
+    pass
+
+
+def _overlay_file(target_dir: str, name: str, source: str, tag: str) -> None:
+    """Show source at target_dir/name in this mount namespace only; nothing is written to target_dir.
+
+    An overlay whose upper layer holds a symlink to the checkout: edits to the
+    source take effect at once, and tools that find their library next to
+    their realpath (the fake nvidia-smi) keep working.
+    """
+    upper = os.path.join(NS_DIR, tag + ".upper")
+    work = os.path.join(NS_DIR, tag + ".work")
+    for path in (upper, work):
+        if os.path.exists(path):
+            shutil.rmtree(path)
+        os.makedirs(path)
+    os.symlink(source, os.path.join(upper, name))
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         "lowerdir=%s,upperdir=%s,workdir=%s" % (target_dir, upper, work), target_dir])
+
+
+def _is_lxc_monitor(pid: int) -> bool:
+    info = _proc.read_process(pid)
+    return bool(info and info.cmdline and info.cmdline[0].startswith("[lxc monitor]"))
+
+
+def supervise() -> int:
+    """PID 'init' of the lab host: owns the mount namespace, reaps orphans, runs sshd and the GPU driver."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    my_ns = os.readlink("/proc/self/ns/mnt")
+    if my_ns == os.environ.get("GPUOPS_LAB_HOST_MNTNS"):
+        log("supervise: not in a private mount namespace; refusing to touch /usr")
+        return 2
+    _overlay_file("/usr/sbin", "pct", os.path.join(HERE, "pct"), "usr-sbin")
+    smi = os.path.join(HERE, "fakegpu", "nvidia-smi")
+    if os.path.exists(smi):
+        _overlay_file("/usr/bin", "nvidia-smi", smi, "usr-bin")
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir (Debian creates it at boot)
+
+    def on_signal(*_):
+        raise _Stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def start_sshd() -> subprocess.Popen:
+        logf = open(os.path.join(LAB_DIR, "sshd.log"), "ab")
+        proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", SSHD_CONFIG], stdin=subprocess.DEVNULL,
+                                stdout=logf, stderr=logf, close_fds=True)
+        logf.close()
+        return proc
+
+    def start_driver() -> subprocess.Popen | None:
+        lib = os.path.join(HERE, "fakegpu", "fakegpu.py")
+        if not os.path.exists(lib) or not os.path.exists(os.path.join(FAKEGPU_DIR, "config.json")):
+            return None
+        logf = open(os.path.join(FAKEGPU_DIR, "driver.log"), "ab")
+        proc = subprocess.Popen([sys.executable, lib, "driver"], stdin=subprocess.DEVNULL, stdout=logf,
+                                stderr=logf, close_fds=True, env=dict(os.environ, FAKEGPU_DIR=FAKEGPU_DIR))
+        logf.close()
+        return proc
+
+    info: dict = {"supervisor": proc_ref(os.getpid()), "mntns": my_ns}
+    sshd = driver = None
+    restarts: list[float] = []
+    try:
+        sshd = start_sshd()
+        driver = start_driver()
+        info["sshd"] = proc_ref(sshd.pid)
+        info["driver"] = proc_ref(driver.pid) if driver else None
+        info["ready"] = True
+        atomic_write(SUPERVISOR_FILE, json.dumps(info, indent=1) + "\n")
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, 0)  # reaps sshd sessions' orphans and lxc monitors too
+            except ChildProcessError:
+                time.sleep(1)
+                continue
+            if pid == sshd.pid:
+                now = time.monotonic()
+                restarts = [t for t in restarts if now - t < 60] + [now]
+                if len(restarts) > 5:
+                    log("supervise: sshd keeps dying; giving up (see sshd.log)")
+                    break
+                sshd = start_sshd()
+                info["sshd"] = proc_ref(sshd.pid)
+                atomic_write(SUPERVISOR_FILE, json.dumps(info, indent=1) + "\n")
+            elif driver is not None and pid == driver.pid:
+                driver = None
+                info["driver"] = None
+                atomic_write(SUPERVISOR_FILE, json.dumps(info, indent=1) + "\n")
+    except _Stop:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # End everything this namespace still runs: sshd, its sessions, the driver, orphans we adopted.
+    deadline = Deadline(10)
+    sent_kill = False
+    while True:
+        reap_children_nohang()
+        # lxc monitors stay: their containers outlive a supervisor restart ('down' stops them first)
+        mine = [p for p in mntns_members(my_ns) if p != os.getpid() and not _is_lxc_monitor(p)]
+        if not mine:
+            break
+        sig = signal.SIGTERM
+        if deadline.remaining() < 5:
+            sig = signal.SIGKILL
+            sent_kill = True
+        for pid in mine:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        if deadline.expired() and sent_kill:
+            break
+        time.sleep(0.1)
+    reap_children_nohang()
+    try:
+        os.unlink(SUPERVISOR_FILE)
+    except FileNotFoundError:
+        pass
+    return 0
+
+
+# ---------------------------------------------------------------- fake GPUs
+
+def ensure_fakegpu() -> None:
+    lib = os.path.join(HERE, "fakegpu", "fakegpu.py")
+    os.makedirs(os.path.join(FAKEGPU_DIR, "dev"), exist_ok=True)
+    if os.path.exists(lib) and not os.path.exists(os.path.join(FAKEGPU_DIR, "config.json")):
+        run([sys.executable, lib, "--dir", FAKEGPU_DIR, "init", "--count", str(GPU_COUNT)])
+    # The bind mounts need the device files even before the fake exists.
+    for name in ["nvidia%d" % i for i in range(GPU_COUNT)] + ["nvidiactl"]:
+        path = os.path.join(FAKEGPU_DIR, "dev", name)
+        if not os.path.exists(path):
+            with open(path, "w"):
+                pass
+            os.chmod(path, 0o666)
+
+
+# ---------------------------------------------------------------- the trainer and decoys
+
+def tmux(vmid: str, *args: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess:
+    return ct_exec(vmid, ["tmux", *args], timeout=timeout, check=check)
+
+
+def has_session(vmid: str, name: str) -> bool:
+    return tmux(vmid, "has-session", "-t", "=" + name, check=False).returncode == 0
+
+
+def ensure_decoys(vmid: str) -> None:
+    res = ct_exec(vmid, ["systemctl", "is-active", "networkd-dispatcher.service"], check=False)
+    if res.stdout.decode().strip() != "active":
+        ct_exec(vmid, ["systemctl", "daemon-reload"])
+        ct_exec(vmid, ["systemctl", "enable", "--now", "networkd-dispatcher.service"])
+    for name, argv in DECOY_SESSIONS.items():
+        if not has_session(vmid, name):
+            tmux(vmid, "new-session", "-d", "-s", name, "-x", "160", "-y", "48", shlex.join(argv))
+
+
+def host_proc_in_ct(vmid: str, ct_pid: int) -> int | None:
+    """The host PID of the container's process ct_pid."""
+    for info in _proc.iter_processes():
+        if info.nspid and info.nspid[-1] == ct_pid and len(info.nspid) > 1:
+            if _proc.container_vmid_from_cgroup(info.cgroup) == int(vmid):
+                return info.pid
+    return None
+
+
+def trainer_record(vmid: str) -> dict:
+    """PIDs (host and container) of the dflash pane's shell, the launcher and its workers."""
+    res = tmux(vmid, "display-message", "-p", "-t", "=" + TRAINER_SESSION + ":", "#{pane_pid}", check=False)
+    try:
+        pane_ct = int(res.stdout.decode().strip())
+    except ValueError:
+        return {}
+    pane = host_proc_in_ct(vmid, pane_ct)
+    if pane is None:
+        return {}
+    kids = children_map()
+    rec: dict = {"pane": dict(proc_ref(pane) or {}, ct_pid=pane_ct), "launcher": None, "workers": []}
+    for pid in sorted(descendants(pane, kids)):
+        info = _proc.read_process(pid)
+        if info is None or not any(arg.endswith("fake_trainer.py") for arg in info.cmdline):
+            continue
+        ref = dict(proc_ref(pid) or {}, ct_pid=info.nspid[-1] if info.nspid else None)
+        if rec["launcher"] is None and info.ppid == pane:
+            rec["launcher"] = ref
+        else:
+            rec["workers"].append(ref)
+    return rec
+
+
+def trainer_refs(rec: dict) -> list[dict]:
+    refs = [rec.get("pane"), rec.get("launcher")] + list(rec.get("workers") or [])
+    return [r for r in refs if r and r.get("pid")]
+
+
+def stop_trainer(state: dict) -> None:
+    rec = state.get("trainer", {}).get("pids") or {}
+    left = kill_refs(trainer_refs(rec))
+    if left:
+        raise LabError("trainer processes survived SIGKILL: %s" % left)
+    if ct_state(MAIN_CT) == "running" and has_session(MAIN_CT, TRAINER_SESSION):
+        tmux(MAIN_CT, "kill-session", "-t", "=" + TRAINER_SESSION, check=False)
+    state.setdefault("trainer", {})["pids"] = {}
+
+
+def new_trainer_session() -> None:
+    tmux(MAIN_CT, "new-session", "-d", "-s", TRAINER_SESSION, "-x", "200", "-y", "50", "-c",
+         os.path.dirname(TRAINER_CKPT))
+
+
+def start_trainer(state: dict, behaviour: str, timeout: float = 60) -> None:
+    if behaviour not in BEHAVIOURS:
+        raise LabError("unknown behaviour %r; pick one of %s" % (behaviour, ", ".join(BEHAVIOURS)))
+    rootfs = os.path.join(LXCPATH, MAIN_CT, "rootfs")
+    if not os.path.exists(os.path.join(rootfs, TRAINER_SCRIPT.lstrip("/"))):
+        raise LabError("no %s in CT%s: tests/lab/trainer/fake_trainer.py is missing" % (TRAINER_SCRIPT, MAIN_CT))
+    stop_trainer(state)
+    os.makedirs(os.path.join(rootfs, TRAINER_CKPT.lstrip("/")), exist_ok=True)
+    cmd = shlex.join(["python3", TRAINER_SCRIPT, "--behaviour", behaviour, "--nproc", str(TRAINER_NPROC),
+                      "--ckpt-dir", TRAINER_CKPT])
+    # A shell in the pane and the command typed into it, as the operator did; Ctrl-C then
+    # reaches the launcher through the terminal, and the shell stays when training ends.
+    new_trainer_session()
+    tmux(MAIN_CT, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "-l", cmd)
+    tmux(MAIN_CT, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "Enter")
+    state["trainer"] = {"behaviour": behaviour, "command": cmd, "pids": {}, "started": time.time()}
+    save_state(state)
+    deadline = Deadline(timeout)
+    pane = ""
+    while not deadline.expired():
+        res = tmux(MAIN_CT, "capture-pane", "-p", "-t", "=" + TRAINER_SESSION + ":", "-S", "-200", check=False)
+        pane = res.stdout.decode(errors="replace")
+        if STEP_RE.search(pane):
+            break
+        time.sleep(0.2)
+    else:
+        raise LabError("no step lines in tmux session %s within %ss; pane shows:\n%s" % (
+            TRAINER_SESSION, timeout, pane[-1500:]))
+    # workers may still be starting when the first step prints: record until all are there (bounded)
+    deadline = Deadline(10)
+    rec = trainer_record(MAIN_CT)
+    while len(rec.get("workers", [])) < TRAINER_NPROC and not deadline.expired():
+        time.sleep(0.2)
+        rec = trainer_record(MAIN_CT)
+    state["trainer"]["pids"] = rec
+    save_state(state)
+
+
+def trainer_intact(state: dict) -> bool:
+    """The lab's trainer runs as started: pane shell, launcher and every worker alive."""
+    rec = state.get("trainer", {}).get("pids") or {}
+    refs = [rec.get("pane"), rec.get("launcher")] + list(rec.get("workers") or [])
+    return bool(rec.get("workers")) and all(ref_alive(r) for r in refs)
+
+
+def trainer_running(state: dict) -> bool:
+    rec = state.get("trainer", {}).get("pids") or {}
+    return ref_alive(rec.get("launcher")) or any(ref_alive(w) for w in rec.get("workers") or [])
+
+
+# ---------------------------------------------------------------- commands
+
+def cmd_up(args: argparse.Namespace) -> int:
+    preflight()
+    with Lock():
+        os.makedirs(LAB_DIR, mode=0o755, exist_ok=True)
+        os.chmod(LAB_DIR, 0o755)
+        if not os.path.exists(MARKER):
+            with open(MARKER, "w", encoding="utf-8") as handle:
+                handle.write("gpuops lab state; 'tests/lab/lab down' removes this directory\n")
+        for path in (LXCPATH, PVE_CONF_DIR, NS_DIR):
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        state = load_json(STATE_FILE)
+        cache = rootfs_cache()
+        ensure_fakegpu()
+        for vmid, hostname in CONTAINERS.items():
+            ensure_container(vmid, hostname, cache)
+        ensure_ssh_files()
+        ensure_users(state)
+        save_state(state)
+        sup = ensure_supervisor()
+        state["supervisor"] = sup
+        save_state(state)
+        # the lab's own sanity check of the PVE host: root over ssh runs pct
+        if ct_state(MAIN_CT) != "running":
+            log("starting CT%s through the lab host's pct" % MAIN_CT)
+            run(ssh_argv("root", ["pct", "start", MAIN_CT]), timeout=90)
+        boot = wait_booted(MAIN_CT)
+        trainer_ok = trainer_intact(state) and has_session(MAIN_CT, TRAINER_SESSION)
+        # The dflash session first: the tmux server keeps the argv of the session that started
+        # it, and it should read like the operator's 'tmux new -s dflash', not like a decoy.
+        if not has_session(MAIN_CT, TRAINER_SESSION):
+            new_trainer_session()
+        ensure_decoys(MAIN_CT)
+        behaviour = args.behaviour or state.get("trainer", {}).get("behaviour") or DEFAULT_BEHAVIOUR
+        if os.path.exists(os.path.join(HERE, "trainer", "fake_trainer.py")):
+            if args.behaviour or not trainer_ok:
+                log("starting the %s trainer in tmux session %s" % (behaviour, TRAINER_SESSION))
+                start_trainer(state, behaviour)
+        else:
+            log("tests/lab/trainer/fake_trainer.py does not exist yet: no trainer started")
+        state["boot"] = boot
+        save_state(state)
+    print(json.dumps(status_dict(), indent=1, sort_keys=True))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    preflight()
+    if not os.path.exists(LAB_DIR):
+        log("nothing to do: %s does not exist" % LAB_DIR)
+        return 0
+    if not os.path.exists(MARKER):
+        raise LabError("%s has no %s marker: not a lab directory, refusing to remove it" % (
+            LAB_DIR, os.path.basename(MARKER)))
+    with Lock():
+        state = load_json(STATE_FILE)
+        for vmid in CONTAINERS:
+            if ct_state(vmid) == "running":
+                log("stopping container %s" % vmid)
+                run(lxc("lxc-stop", vmid, "--kill"), timeout=60, check=False)
+                run(lxc("lxc-wait", vmid, "-s", "STOPPED", "-t", "30"), timeout=40, check=False)
+        sup = load_json(SUPERVISOR_FILE) or state.get("supervisor") or {}
+        log("stopping the lab host (sshd supervisor)")
+        stop_supervisor(sup)
+        log("supervisor stopped")
+        ns = sup.get("mntns")
+        if ns:
+            deadline = Deadline(15)
+            members = mntns_members(ns)
+            while members and not deadline.expired():
+                for pid in members:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.1)
+                members = mntns_members(ns)
+            if members:
+                raise LabError("processes %s still run in the lab's mount namespace" % members)
+        left = [vmid for vmid in CONTAINERS if ct_state(vmid) == "running"]
+        if left:
+            raise LabError("containers %s still running after lxc-stop --kill" % left)
+        try:
+            os.unlink(SUDOERS)
+        except FileNotFoundError:
+            pass
+        for user in state.get("users_created", []):
+            try:
+                entry = pwd.getpwnam(user)
+            except KeyError:
+                continue
+            if entry.pw_dir.startswith(HOME_DIR + "/"):
+                run(["userdel", "--force", user], timeout=30, check=False)
+        umount_under(LAB_DIR)
+        if mountinfo_under(LAB_DIR):
+            raise LabError("mounts remain under %s: %s" % (LAB_DIR, mountinfo_under(LAB_DIR)))
+        shutil.rmtree(LAB_DIR)
+    log("down: containers stopped and removed, sshd ended, users and sudo rule removed (cache kept in %s)"
+        % CACHE_DIR)
+    return 0
+
+
+def status_dict() -> dict:
+    state = load_json(STATE_FILE)
+    sup = load_json(SUPERVISOR_FILE)
+    containers = {vmid: ct_state(vmid) for vmid in CONTAINERS}
+    sshd_up = supervisor_alive(sup)
+    trainer = state.get("trainer", {})
+    rec = trainer.get("pids") or {}
+    running = trainer_running(state)
+
+    def ct(ref):
+        return ref.get("ct_pid") if ref else None
+
+    def host(ref):
+        return ref.get("pid") if ref else None
+
+    fake_cfg = load_json(os.path.join(FAKEGPU_DIR, "config.json"))
+    return {
+        "up": bool(sshd_up and containers.get(MAIN_CT) == "running"),
+        "lab_dir": LAB_DIR,
+        "host": HOST,
+        "port": PORT,
+        "node": NODE,
+        "key": KEY,
+        "known_hosts": KNOWN_HOSTS,
+        "users": {
+            "root": {"sudo": None, "note": "key login"},
+            SUDO_USER: {"sudo": "NOPASSWD: /usr/sbin/pct", "note": "key login, sudo -n pct only"},
+            NOSUDO_USER: {"sudo": None, "note": "key login, no sudo rule (error tests)"},
+        },
+        "pct": "/usr/sbin/pct",
+        "nvidia_smi": "/usr/bin/nvidia-smi",
+        "lxcpath": LXCPATH,
+        "containers": containers,
+        "hostnames": dict(CONTAINERS),
+        "sshd": {
+            "running": sshd_up,
+            "pid": host(sup.get("sshd")),
+            "supervisor_pid": host(sup.get("supervisor")),
+            "mount_ns": sup.get("mntns"),
+            "config": SSHD_CONFIG,
+        },
+        "trainer": {
+            "container": int(MAIN_CT),
+            "tmux_session": TRAINER_SESSION,
+            "behaviour": trainer.get("behaviour"),
+            "command": trainer.get("command"),
+            "script": TRAINER_SCRIPT,
+            "ckpt_dir": TRAINER_CKPT,
+            "nproc": TRAINER_NPROC,
+            "running": running,
+            "pids": {"pane_shell": ct(rec.get("pane")), "launcher": ct(rec.get("launcher")),
+                     "workers": [ct(w) for w in rec.get("workers") or []]},
+            "host_pids": {"pane_shell": host(rec.get("pane")), "launcher": host(rec.get("launcher")),
+                          "workers": [host(w) for w in rec.get("workers") or []]},
+        },
+        "decoys": {
+            "networkd_dispatcher": "systemd unit networkd-dispatcher.service in CT%s" % MAIN_CT,
+            "tmux_sessions": {name: shlex.join(argv) for name, argv in DECOY_SESSIONS.items()},
+        },
+        "fakegpu": {
+            "dir": FAKEGPU_DIR,
+            "container_dir": CT_FAKEGPU_DIR,
+            "count": fake_cfg.get("count", GPU_COUNT),
+            "initialised": bool(fake_cfg),
+            "driver_pid": host(sup.get("driver")) if ref_alive(sup.get("driver")) else None,
+            "tools": CT_LAB + "/fakegpu",
+        },
+    }
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    print(json.dumps(status_dict(), indent=1, sort_keys=True))
+    return 0
+
+
+def cmd_trainer(args: argparse.Namespace) -> int:
+    preflight()
+    with Lock():
+        if ct_state(MAIN_CT) != "running":
+            raise LabError("CT%s is not running: run 'tests/lab/lab up' first" % MAIN_CT)
+        state = load_json(STATE_FILE)
+        sync_lab_files(os.path.join(LXCPATH, MAIN_CT, "rootfs"))
+        start_trainer(state, args.behaviour)
+    print(json.dumps(status_dict()["trainer"], indent=1, sort_keys=True))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="lab", description="The local CT200 lab (run as root).")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_up = sub.add_parser("up", help="build/start everything (idempotent); prints the status JSON")
+    p_up.add_argument("--behaviour", choices=BEHAVIOURS, help="(re)start the trainer with this behaviour")
+    sub.add_parser("down", help="end everything the lab started and remove its state (keeps the rootfs cache)")
+    sub.add_parser("status", help="print the lab's facts as JSON")
+    p_tr = sub.add_parser("trainer", help="(re)start the dflash trainer with BEHAVIOUR and wait for step lines")
+    p_tr.add_argument("behaviour", choices=BEHAVIOURS)
+    sub.add_parser("_supervise", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "_supervise":
+            return supervise()
+        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "trainer": cmd_trainer}[args.cmd](args)
+    except LabError as exc:
+        log("error: %s" % exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""Start and stop the SGLang stand-in from tests and benchmarks (a real process on loopback)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Dict, List, Optional
+
+STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin.py")
+
+
+class StandinProcess:
+    """``with StandinProcess(["--fail-rate", "0.2"]) as s: s.url``; stops only the process it started."""
+
+    def __init__(self, args: Optional[List[str]] = None, model: str = "lab-model", port: int = 0,
+                 python: str = sys.executable, wait_listen: bool = True) -> None:
+        self.args = list(args or [])
+        self.model = model
+        self.port = port
+        self.python = python
+        self.wait_listen = wait_listen
+        self.proc: Optional[subprocess.Popen] = None
+        self._dir = tempfile.mkdtemp(prefix="standin-")
+        self.port_file = os.path.join(self._dir, "port")
+        self.log_path = os.path.join(self._dir, "standin.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> "StandinProcess":
+        cmd = [self.python, STANDIN, "--port", str(self.port), "--port-file", self.port_file,
+               "--model", self.model, *self.args]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        if self.wait_listen:
+            deadline = time.monotonic() + timeout
+            while not os.path.exists(self.port_file):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"stand-in did not start: {open(self.log_path).read()}")
+                time.sleep(0.02)
+            with open(self.port_file, encoding="ascii") as fh:
+                self.port = int(fh.read())
+        return self
+
+    def metrics(self) -> Dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        out: Dict[str, float] = {}
+        for line in text.splitlines():
+            m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$", line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+        return out
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def __enter__(self) -> "StandinProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

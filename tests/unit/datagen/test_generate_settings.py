@@ -1,0 +1,141 @@
+"""generate: config validation and the pure helpers (backoff, response parsing, row checks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from datagen.config import ConfigError
+from datagen.gen.client import RowError, backoff_delay, check_row, parse_response, parse_retry_after, prompt_messages
+from datagen.generate import settings_from_config
+
+BASE = {"servers": ["http://127.0.0.1:30000"], "model": "m", "sampling": {"max_tokens": 64}}
+
+
+def cfg(**over):
+    raw = json.loads(json.dumps(BASE))
+    for key, value in over.items():
+        if key == "generate":
+            raw["generate"] = value
+        else:
+            raw[key] = value
+    return raw
+
+
+def test_defaults_send_thinking_explicitly():
+    s = settings_from_config(cfg())
+    assert s.servers == ("http://127.0.0.1:30000",)
+    assert s.model == "m"
+    assert s.template_kwargs() == {"enable_thinking": False}
+    assert s.concurrency == 128 and s.retries == 8
+    assert s.sampling == {"max_tokens": 64}
+
+
+def test_full_section_and_normalised_servers():
+    s = settings_from_config(cfg(
+        servers=["http://127.0.0.1:30000/", "http://127.0.0.1:30001/v1"],
+        model={"name": "served", "tokenizer": "/x"},
+        sampling={"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 512, "seed": 7, "max_length": 9},
+        generate={"concurrency": 32, "retries": 3, "thinking": True, "chat_template_kwargs": {"reasoning_effort": "low"},
+                  "fsync_interval": 0.5, "ready_timeout": 60, "limit": 10},
+    ))
+    assert s.servers == ("http://127.0.0.1:30000", "http://127.0.0.1:30001")
+    assert s.model == "served"
+    assert "max_length" not in s.sampling  # tokenize's, not a sampling parameter
+    assert s.template_kwargs() == {"reasoning_effort": "low", "enable_thinking": True}
+    assert (s.concurrency, s.retries, s.fsync_interval, s.ready_timeout, s.limit) == (32, 3, 0.5, 60.0, 10)
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"servers": None}, "servers"),
+    ({"servers": []}, "servers"),
+    ({"servers": ["127.0.0.1:30000"]}, "servers[0]"),
+    ({"servers": ["http://127.0.0.1:notaport"]}, "servers[0]"),
+    ({"servers": ["http://127.0.0.1:1", "http://127.0.0.1:1/"]}, "servers[1]"),
+    ({"model": ""}, "model"),
+    ({"model": {"tokenizer": "x"}}, "model"),
+    ({"sampling": {"temperature": "hot"}}, "sampling.temperature"),
+    ({"sampling": {"temprature": 0.7}}, "sampling.temprature"),
+    ({"sampling": {"max_tokens": 0}}, "sampling.max_tokens"),
+    ({"sampling": {"max_tokens": True}}, "sampling.max_tokens"),
+    ({"sampling": {"top_p": 1.5}}, "sampling.top_p"),
+    ({"sampling": {"n": 2}}, "sampling.n"),
+    ({"generate": {"concurrency": 0}}, "generate.concurrency"),
+    ({"generate": {"concurrency": "64"}}, "generate.concurrency"),
+    ({"generate": {"retries": -1}}, "generate.retries"),
+    ({"generate": {"thinking": "yes"}}, "generate.thinking"),
+    ({"generate": {"chat_template_kwargs": {"enable_thinking": True}}}, "generate.chat_template_kwargs.enable_thinking"),
+    ({"generate": {"backoff_base": 5, "backoff_max": 1}}, "generate.backoff_max"),
+    ({"generate": {"fsync_interval": 0}}, "generate.fsync_interval"),
+    ({"generate": {"concurency": 8}}, "generate.concurency"),
+    ({"generate": {"extra_body": {"temperature": 1}}}, "generate.extra_body.temperature"),
+    ({"generate": {"tool_choice": "always"}}, "generate.tool_choice"),
+    ({"generate": "fast"}, "generate"),
+])
+def test_bad_values_name_the_key(over, key):
+    raw = cfg(**over)
+    if over.get("servers") is None and "servers" in over:
+        del raw["servers"]
+    with pytest.raises(ConfigError) as err:
+        settings_from_config(raw)
+    first = getattr(err.value, "errors", None) or [str(err.value)]
+    assert first[0].startswith(key + ":"), first
+
+
+@pytest.mark.parametrize("attempt, retry_after, expect_max", [(0, None, 0.5), (3, None, 4.0), (10, None, 30.0),
+                                                              (0, 100.0, 30.0)])
+def test_backoff_is_jittered_exponential_and_capped(attempt, retry_after, expect_max):
+    low = backoff_delay(attempt, 0.5, 30.0, retry_after, rand=lambda: 0.0)
+    high = backoff_delay(attempt, 0.5, 30.0, retry_after, rand=lambda: 0.999999)
+    assert high == pytest.approx(expect_max, rel=1e-3)
+    assert low == (min(30.0, retry_after) if retry_after else 0.0)
+
+
+def test_retry_after_parsing():
+    assert parse_retry_after("2") == 2.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("-1") is None
+
+
+def _body(message, finish="stop", usage=None):
+    return json.dumps({"choices": [{"message": message, "finish_reason": finish}],
+                       "usage": usage or {"prompt_tokens": 3, "completion_tokens": 2}}).encode()
+
+
+def test_parse_response_keeps_tool_calls_and_reasoning():
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    msg, finish, usage = parse_response(_body({"role": "assistant", "content": None, "tool_calls": calls,
+                                               "reasoning_content": "hmm"}, "tool_calls"))
+    assert msg == {"role": "assistant", "content": None, "tool_calls": calls, "reasoning_content": "hmm"}
+    assert finish == "tool_calls" and usage["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("raw", [b'{"id":"x","choices":[{"index":0,', b"<html>bad gateway</html>", b'{"choices": []}',
+                                 _body({"role": "assistant", "content": "x"}, "abort"),
+                                 _body({"role": "assistant", "content": ""}, "stop")])
+def test_unusable_responses_are_retried_not_written(raw):
+    with pytest.raises(RowError) as err:
+        parse_response(raw)
+    assert err.value.retry
+
+
+def test_prompt_messages_regenerates_only_a_trailing_assistant_turn():
+    agent = [{"role": "user", "content": "q"},
+             {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+             {"role": "tool", "content": "result", "tool_call_id": "1"},
+             {"role": "assistant", "content": "old answer"}]
+    assert prompt_messages(agent) == agent[:3]  # the tool result stays
+    assert prompt_messages(agent[:3]) == agent[:3]
+
+
+@pytest.mark.parametrize("row, problem", [
+    ([], "not a JSON object"), ({"messages": [{"role": "user"}]}, "no string id"),
+    ({"id": "a", "messages": []}, "no messages"), ({"id": "a", "messages": ["hi"]}, "with a role"),
+    ({"id": "a", "messages": [{"role": "assistant", "content": "x"}]}, "only an assistant"),
+    ({"id": "a", "messages": [{"role": "user", "content": "x"}], "tools": "{}"}, "tools is not a list"),
+])
+def test_bad_rows_are_named(row, problem):
+    assert problem in check_row(row)
+    assert check_row({"id": "a", "messages": [{"role": "user", "content": "x"}]}) is None

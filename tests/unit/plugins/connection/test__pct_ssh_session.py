@@ -1,0 +1,209 @@
+"""The SSH session layer of pct_ssh against a real throwaway sshd (no pct involved).
+
+Covers what must hold before any container is involved: stdout/stderr apart,
+no stall with both streams busy, stdin fed while reading, the timeout bound,
+a signal reported as such, host key policy, login and reachability errors,
+SFTP transfers, and the shared control master.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import stat
+
+import pytest
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
+
+
+def settings(server, **kw) -> _pct_ssh.Settings:
+    base = dict(
+        host="127.0.0.1",
+        port=server.port,
+        user="root",
+        key_filename=server.key,
+        look_for_keys=False,
+        known_hosts_file=server.known_hosts,
+        connect_timeout=5,
+    )
+    base.update(kw)
+    return _pct_ssh.Settings(**base)
+
+
+@pytest.fixture(scope="module")
+def session(sshd):
+    s = _pct_ssh.DirectSession(settings(sshd)).connect()
+    yield s
+    s.close()
+
+
+def test_stdout_and_stderr_apart_with_rc(session):
+    r = session.exec("printf 'out \\303\\251\\n'; printf 'err\\n' >&2; exit 3")
+    assert (r.rc, r.stdout, r.stderr) == (3, "out \u00e9\n".encode(), b"err\n")
+    assert not r.timed_out and not r.signalled
+
+
+def test_busy_stderr_cannot_stall_stdout(session):
+    # 4 MiB on each stream, interleaved: larger than any SSH window, so a
+    # reader that drained one stream first would deadlock here
+    cmd = "head -c 4194304 /dev/zero | tr '\\0' e >&2 & head -c 4194304 /dev/zero | tr '\\0' o; wait"
+    r = session.exec(cmd, timeout=60)
+    assert r.rc == 0
+    assert len(r.stdout) == 4194304 and set(r.stdout) == {ord("o")}
+    assert len(r.stderr) == 4194304 and set(r.stderr) == {ord("e")}
+
+
+def test_stdin_is_fed_while_output_is_read(session):
+    data = os.urandom(3 * 1024 * 1024)
+    r = session.exec("cat", stdin=data, timeout=60)
+    assert r.rc == 0 and r.stdout == data
+
+
+def test_no_stdin_means_eof(session):
+    r = session.exec("cat; echo done", timeout=10)
+    assert r.rc == 0 and r.stdout == b"done\n"
+
+
+def test_timeout_bounds_a_hanging_command(session, tmp_path):
+    r = session.exec("echo started; exec sleep 30", timeout=1)
+    assert r.timed_out
+    assert r.stdout == b"started\n"
+
+
+def test_signal_is_reported_not_hidden(session):
+    r = session.exec("kill -9 $$", timeout=10)
+    assert r.signalled and r.rc == -1
+
+
+def test_streams_files_both_ways(session, tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(5 * 1024 * 1024 + 7))
+    dst = tmp_path / "dst.bin"
+    r = session.exec("cat > %s" % dst, stdin_path=str(src), timeout=60)
+    assert r.rc == 0 and dst.read_bytes() == src.read_bytes()
+    back = tmp_path / "back.bin"
+    r = session.exec("cat %s" % dst, stdout_path=str(back), timeout=60)
+    assert r.rc == 0 and r.stdout == b"" and back.read_bytes() == src.read_bytes()
+
+
+def test_sftp_roundtrip_in_private_tmpdir(session, tmp_path):
+    src = tmp_path / "\u00e9t\u00e9 'x'.bin"
+    src.write_bytes(os.urandom(2 * 1024 * 1024 + 1))
+    d = session.mkdtemp()
+    try:
+        assert d.startswith("/tmp/.pct_ssh-")
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+        session.put(str(src), d + "/file")
+        assert hashlib.sha256(open(d + "/file", "rb").read()).digest() == hashlib.sha256(src.read_bytes()).digest()
+        out = tmp_path / "out.bin"
+        session.get(d + "/file", str(out))
+        assert out.read_bytes() == src.read_bytes()
+        with pytest.raises(_pct_ssh.SessionError) as exc:
+            session.put(str(src), d + "/file")  # exclusive create: never write through an existing path
+        assert exc.value.kind == "transfer"
+    finally:
+        session.rmtree(d)
+    assert not os.path.exists(d)
+
+
+def test_rmtree_refuses_foreign_paths(session):
+    with pytest.raises(_pct_ssh.SessionError, match="refusing"):
+        session.rmtree("/tmp")
+
+
+def test_no_sftp_subsystem_is_its_own_kind(sshd_nosftp):
+    s = _pct_ssh.DirectSession(settings(sshd_nosftp)).connect()
+    try:
+        with pytest.raises(_pct_ssh.SessionError) as exc:
+            s.mkdtemp()
+        assert exc.value.kind == "sftp_unavailable"
+    finally:
+        s.close()
+
+
+def test_unknown_host_key_rejected_by_default(sshd, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(_pct_ssh.SessionError) as exc:
+        _pct_ssh.DirectSession(settings(sshd, known_hosts_file=str(empty))).connect()
+    assert exc.value.kind == "hostkey_unknown"
+    assert "SHA256:" in exc.value.msg and "host_key_auto_add" in exc.value.msg
+    assert empty.read_text() == ""
+
+
+def test_auto_add_records_the_key(sshd, tmp_path):
+    kh = tmp_path / "sub" / "known_hosts"
+    s = _pct_ssh.DirectSession(settings(sshd, known_hosts_file=str(kh), host_key_auto_add=True)).connect()
+    s.close()
+    line = kh.read_text().split()
+    assert line[0] == "[127.0.0.1]:%d" % sshd.port
+    assert line[1:] == open(sshd.known_hosts).read().split()[1:]
+    # and the recorded key is now trusted without auto-add
+    _pct_ssh.DirectSession(settings(sshd, known_hosts_file=str(kh))).connect().close()
+
+
+def test_changed_host_key_is_a_mismatch(sshd, tmp_path):
+    import paramiko
+
+    other = paramiko.Ed25519Key.from_private_key_file(sshd.key)  # any other ed25519 key
+    kh = tmp_path / "known_hosts"
+    kh.write_text("[127.0.0.1]:%d ssh-ed25519 %s\n" % (sshd.port, other.get_base64()))
+    with pytest.raises(_pct_ssh.SessionError) as exc:
+        _pct_ssh.DirectSession(settings(sshd, known_hosts_file=str(kh), host_key_auto_add=True)).connect()
+    assert exc.value.kind == "hostkey_mismatch"
+
+
+def test_wrong_key_is_an_auth_failure(sshd, tmp_path):
+    import paramiko
+
+    wrong = tmp_path / "wrong"
+    paramiko.Ed25519Key.from_private_key_file(sshd.key)  # proves the format; generate a different one
+    os.system("ssh-keygen -q -t ed25519 -N '' -f %s" % wrong)
+    with pytest.raises(_pct_ssh.SessionError) as exc:
+        _pct_ssh.DirectSession(settings(sshd, key_filename=str(wrong))).connect()
+    assert exc.value.kind == "auth"
+
+
+def test_closed_port_is_unreachable(sshd):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(_pct_ssh.SessionError) as exc:
+        _pct_ssh.DirectSession(settings(sshd, port=port)).connect()
+    assert exc.value.kind == "unreachable"
+
+
+def test_control_master_is_shared_and_stoppable(sshd, tmp_path):
+    cp = str(tmp_path / "cp")
+    st = settings(sshd)
+    a = _pct_ssh.open_master(st, cp, persist=30, start_timeout=30)
+    b = _pct_ssh.open_master(st, cp, persist=30, start_timeout=30)
+    assert a.path == b.path
+    assert stat.S_IMODE(os.stat(cp).st_mode) == 0o700
+    pid_a = a._call({"op": "ping"})[0]["pid"]
+    assert b._call({"op": "ping"})[0]["pid"] == pid_a
+    r = b.exec("printf o; printf e >&2; exit 4", stdin=b"")
+    assert (r.rc, r.stdout, r.stderr) == (4, b"o", b"e")
+    data = os.urandom(1024 * 1024)
+    assert b.exec("cat", stdin=data).stdout == data
+    src = tmp_path / "f"
+    src.write_bytes(data)
+    d = b.mkdtemp()
+    b.put(str(src), d + "/file")
+    b.get(d + "/file", str(tmp_path / "g"))
+    b.rmtree(d)
+    assert (tmp_path / "g").read_bytes() == data
+    b.stop()
+    # the master is gone: a fresh one starts on demand
+    c = _pct_ssh.open_master(st, cp, persist=1, start_timeout=30)
+    assert c._call({"op": "ping"})[0]["pid"] != pid_a
+    c.stop()
+
+
+def test_control_master_reports_login_failure(sshd, tmp_path):
+    wrong = tmp_path / "wrong"
+    os.system("ssh-keygen -q -t ed25519 -N '' -f %s" % wrong)
+    with pytest.raises(_pct_ssh.SessionError) as exc:
+        _pct_ssh.open_master(settings(sshd, key_filename=str(wrong)), str(tmp_path / "cp"), persist=5, start_timeout=30)
+    assert exc.value.kind == "auth"

@@ -1,0 +1,88 @@
+"""Option handling of the pct_ssh connection plugin, through the real ansible CLIs.
+
+Bad input must fail before any connection is opened. One ansible-playbook run
+covers every case in parallel (one inventory host per case); the hosts point
+at a closed port, so a case that reached the network would fail differently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+BIN = os.path.dirname(sys.executable)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CASES = {
+    "semicolon": ({"proxmox_vmid": "200; reboot"}, "proxmox_vmid"),
+    "subshell": ({"proxmox_vmid": "$(reboot)"}, "proxmox_vmid"),
+    "too_small": ({"proxmox_vmid": 99}, "proxmox_vmid must be between 100 and 999999999"),
+    "unset": ({}, "set proxmox_vmid"),
+    "bad_method": ({"proxmox_vmid": 200, "ansible_user": "pveops", "proxmox_become_method": " "}, "pct_become_method"),
+    "unreachable": ({"proxmox_vmid": 200}, "cannot reach the Proxmox VE host 127.0.0.1"),
+    "unreachable_direct": ({"proxmox_vmid": 200, "ansible_pct_ssh_control_persist": 0}, "cannot reach the Proxmox VE host 127.0.0.1"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pct_ssh_opts")
+    port = _closed_port()
+    hosts = {}
+    for name, (variables, _) in CASES.items():
+        hosts[name] = dict(
+            variables,
+            ansible_connection="gpuops.repurpose.pct_ssh",
+            ansible_host="127.0.0.1",
+            ansible_port=port,
+            ansible_ssh_timeout=3,
+            ansible_pct_ssh_control_path_dir=str(tmp / "cp"),
+        )
+    inv = tmp / "inventory.json"
+    inv.write_text(json.dumps({"all": {"hosts": hosts}}))
+    play = tmp / "play.yml"
+    play.write_text(
+        "- hosts: all\n  gather_facts: false\n  ignore_unreachable: true\n  ignore_errors: true\n"
+        "  tasks:\n    - ansible.builtin.raw: touch /tmp/pct_ssh_must_not_run\n"
+    )
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_FORKS="10", ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    proc = subprocess.run(
+        [os.path.join(BIN, "ansible-playbook"), "-i", str(inv), str(play)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    data = json.loads(proc.stdout)
+    return data["plays"][0]["tasks"][0]["hosts"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_bad_input_has_its_message(results, case):
+    msg = results[case]["msg"]
+    assert CASES[case][1] in msg
+    if case != "unreachable" and case != "unreachable_direct":
+        assert "cannot reach" not in msg  # refused before reaching the network
+
+
+def test_documented_defaults():
+    out = subprocess.run(
+        [os.path.join(BIN, "ansible-doc"), "-t", "connection", "--json", "gpuops.repurpose.pct_ssh"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout
+    opts = json.loads(out)["gpuops.repurpose.pct_ssh"]["doc"]["options"]
+    assert opts["host_key_checking"]["default"] is True
+    assert opts["host_key_auto_add"]["default"] is False
+    assert opts["pct_path"]["default"] == "/usr/sbin/pct"
+    assert opts["proxmox_become_method"]["default"] == "sudo"
+    assert opts["command_timeout"]["default"] == 3600
+    assert opts["pty"]["default"] is False
+    assert [v["name"] for v in opts["vmid"]["vars"]] == ["proxmox_vmid"]

@@ -1,0 +1,365 @@
+"""The ladder: rung parsing (table-driven) and the runner on real processes (pidfd and polling fallback)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
+    LadderError,
+    ProcessSet,
+    Rung,
+    default_ladder,
+    describe_process,
+    launcher_targets,
+    parse_ladder,
+    parse_signal,
+    pidfd_supported,
+    progress_signature,
+    run_ladder,
+    stat_children,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_starttime
+
+pytestmark = pytest.mark.timeout(60)
+
+INT, TERM, KILL = signal.SIGINT, signal.SIGTERM, signal.SIGKILL
+MODES = [pytest.param(True, id="pidfd"), pytest.param(False, id="polling")]
+
+
+# ---------------------------------------------------------------- parsing
+
+@pytest.mark.parametrize("value, number", [
+    ("SIGINT", INT), ("INT", INT), ("sigterm", TERM), ("term", TERM), (2, INT), ("9", KILL), (" SIGKILL ", KILL),
+])
+def test_parse_signal(value, number):
+    assert parse_signal(value) == number
+
+
+@pytest.mark.parametrize("value, message", [
+    ("SIGFOO", "unknown signal 'SIGFOO'"), ("", "signal must be a name"), (None, "signal must be a name"),
+    (True, "signal must be a name"), (999, "not a signal number"), ("SIGSTOP", "does not stop a process"),
+    ("CONT", "does not stop a process"),
+])
+def test_parse_signal_rejects(value, message):
+    with pytest.raises(LadderError, match=message):
+        parse_signal(value)
+
+
+def test_default_ladder():
+    assert default_ladder(True, 10) == [Rung(INT, 45.0, "tmux", "launcher"), Rung(TERM, 30.0, None, "all"),
+                                        Rung(KILL, 10, None, "all")]
+    assert parse_ladder(None, tmux=False, kill_timeout=5)[0] == Rung(INT, 45.0, None, "launcher")
+
+
+def test_parse_ladder_defaults_to_and_caps_kill():
+    rungs = parse_ladder([{"signal": "INT", "timeout": 5}, {"signal": 15, "timeout": "2.5"},
+                          {"signal": "KILL", "timeout": 60}, {"signal": "INT", "timeout": 1, "to": "all"}],
+                         tmux=False, kill_timeout=7)
+    assert [(r.signal, r.timeout, r.to) for r in rungs] == [(INT, 5, "launcher"), (TERM, 2.5, "all"), (KILL, 7, "all"),
+                                                            (INT, 1, "all")]
+
+
+@pytest.mark.parametrize("raw, tmux, message", [
+    ([], False, r"^ladder: must be a non-empty list"),
+    ("SIGINT", False, r"^ladder: must be a non-empty list"),
+    (["SIGINT"], False, r"^ladder\[0\]: each rung must be a dict"),
+    ([{"signal": "INT"}], False, r"^ladder\[0\]: a rung needs both signal and timeout"),
+    ([{"signal": "INT", "timeout": -1}], False, r"^ladder\[0\]\.timeout: timeout must be a finite number of seconds >= 0"),
+    ([{"signal": "INT", "timeout": "soon"}], False, r"^ladder\[0\]\.timeout: timeout must be a number"),
+    ([{"signal": "INT", "timeout": float("nan")}], False, r"timeout must be a finite number"),
+    ([{"signal": "TERM", "timeout": 1}, {"signal": "NOPE", "timeout": 1}], False, r"^ladder\[1\]\.signal: unknown signal 'NOPE'"),
+    ([{"signal": "INT", "timeout": 1, "via": "tmux"}], False, r"needs tmux_session"),
+    ([{"signal": "TERM", "timeout": 1, "via": "tmux"}], True, r"must be SIGINT"),
+    ([{"signal": "INT", "timeout": 1, "via": "screen"}], True, r"only 'tmux'"),
+    ([{"signal": "INT", "timeout": 1, "to": "workers"}], True, r"must be 'launcher' or 'all'"),
+    ([{"signal": "INT", "timeout": 1, "wait": 3}], True, r"unknown key\(s\) wait"),
+])
+def test_parse_ladder_errors_name_the_option(raw, tmux, message):
+    with pytest.raises(LadderError, match=message):
+        parse_ladder(raw, tmux=tmux, kill_timeout=10)
+
+
+def test_progress_signature_sees_growth(tmp_path):
+    (tmp_path / "sub").mkdir()
+    target = tmp_path / "sub" / "ckpt.tmp"
+    target.write_bytes(b"a")
+    before = progress_signature([str(tmp_path)])
+    assert progress_signature([str(tmp_path)]) == before
+    with open(target, "ab") as handle:
+        handle.write(b"b")
+    assert progress_signature([str(tmp_path)]) != before
+    assert progress_signature([str(tmp_path / "missing")]) == frozenset()
+
+
+# ---------------------------------------------------------------- real processes
+
+def spawn(code: str, *args: str) -> subprocess.Popen:
+    """A python child running ``code``; returns once it printed 'ready' (handlers installed)."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)] + list(args), stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    assert proc.stdout.readline().strip() == b"ready"
+    return proc
+
+
+GRACEFUL = """
+    import signal, sys, time
+    def stop(signum, frame):
+        time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    print("ready", flush=True)
+    while True:
+        time.sleep(60)
+"""
+
+IGNORES_ALL = """
+    import signal, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print("ready", flush=True)
+    while True:
+        time.sleep(60)
+"""
+
+
+def hold(procs: ProcessSet, *children: subprocess.Popen, depth: int = 0) -> None:
+    for child in children:
+        assert procs.add(child.pid, read_starttime(child.pid), depth, os.getpgid(child.pid))
+
+
+@pytest.fixture
+def children():
+    started: list[subprocess.Popen] = []
+    yield started
+    for child in started:
+        if child.poll() is None:
+            child.kill()
+        child.wait(timeout=5)
+
+
+@pytest.mark.parametrize("use_pidfd", MODES)
+def test_graceful_exit_ends_the_first_rung_and_zombie_counts_as_gone(children, use_pidfd):
+    if use_pidfd and not pidfd_supported():
+        pytest.skip("no pidfd here")
+    child = spawn(GRACEFUL, "0.2")
+    children.append(child)
+    procs = ProcessSet(use_pidfd=use_pidfd)
+    hold(procs, child)
+    # nobody reaps the child while the ladder runs: it stays a zombie, and a zombie is gone
+    out = run_ladder([Rung(TERM, 20), Rung(KILL, 5)], procs, root_pgids=[child.pid])
+    assert out.stopped_by == 0 and out.survivors == [] and out.rungs[0].exited == [child.pid]
+    assert child.wait(timeout=5) == 0  # it exited by itself, not by SIGKILL
+
+
+@pytest.mark.parametrize("use_pidfd", MODES)
+def test_ignored_signals_escalate_to_kill(children, use_pidfd):
+    if use_pidfd and not pidfd_supported():
+        pytest.skip("no pidfd here")
+    child = spawn(IGNORES_ALL)
+    children.append(child)
+    procs = ProcessSet(use_pidfd=use_pidfd)
+    hold(procs, child)
+    out = run_ladder([Rung(INT, 0.2), Rung(TERM, 0.2), Rung(KILL, 5)], procs, root_pgids=[child.pid])
+    assert out.stopped_by == 2 and [r.signal for r in out.rungs] == ["SIGINT", "SIGTERM", "SIGKILL"]
+    assert child.wait(timeout=5) == -KILL
+
+
+def test_reused_pid_is_never_held_or_signalled(children):
+    child = spawn(GRACEFUL)
+    children.append(child)
+    procs = ProcessSet()
+    # the snapshot saw another process under this PID: a different start time
+    assert not procs.add(child.pid, read_starttime(child.pid) - 1, 0, child.pid)
+    out = run_ladder([Rung(KILL, 1)], procs, root_pgids=[])
+    assert out.rungs == [] and out.signalled is False
+    assert child.poll() is None
+
+
+@pytest.mark.parametrize("use_pidfd", MODES)
+def test_exit_between_snapshot_and_signal_is_not_an_error(children, use_pidfd):
+    if use_pidfd and not pidfd_supported():
+        pytest.skip("no pidfd here")
+    early = spawn(GRACEFUL)
+    late = spawn(GRACEFUL)
+    children.extend([early, late])
+    start_early = read_starttime(early.pid)
+    early.kill()
+    early.wait()  # gone (and reaped) before it could be held
+    procs = ProcessSet(use_pidfd=use_pidfd)
+    assert not procs.add(early.pid, start_early, 0, early.pid)
+    hold(procs, late)
+    late.kill()
+    late.wait()  # gone after being held, before the first signal
+    out = run_ladder([Rung(TERM, 5)], procs, root_pgids=[late.pid])
+    assert out.stopped_by == 0 and out.rungs[0].already_gone == [late.pid] and out.rungs[0].targets == []
+    assert out.signalled is False
+
+
+def test_sigstopped_process_gets_sigcont_and_acts_on_sigterm(children):
+    child = spawn(GRACEFUL)
+    children.append(child)
+    os.kill(child.pid, signal.SIGSTOP)
+
+    def state():
+        with open("/proc/%d/stat" % child.pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+
+    deadline = time.monotonic() + 10
+    while state() != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state() == "T"
+    procs = ProcessSet()
+    hold(procs, child)
+    out = run_ladder([Rung(TERM, 20), Rung(KILL, 5)], procs, root_pgids=[child.pid])
+    assert out.stopped_by == 0  # its own SIGTERM handler ran: SIGCONT woke it
+    assert child.wait(timeout=5) == 0
+
+
+ZOMBIE_LEADER = """
+    import ctypes, signal, threading, time
+    def spin():
+        while True:
+            time.sleep(0.05)
+    threading.Thread(target=spin).start()
+    print("ready", flush=True)
+    time.sleep(0.1)
+    # the leader thread exits alone (SYS_exit, not exit_group): /proc shows Z, the process lives on
+    ctypes.CDLL(None).syscall(60, 0)
+"""
+
+
+@pytest.mark.parametrize("use_pidfd", MODES)
+def test_zombie_leader_with_live_thread_is_not_gone(children, use_pidfd):
+    if use_pidfd and not pidfd_supported():
+        pytest.skip("no pidfd here")
+    if os.uname().machine != "x86_64":
+        pytest.skip("SYS_exit number is for x86_64")
+    child = spawn(ZOMBIE_LEADER)
+    children.append(child)
+
+    def leader_state():
+        with open("/proc/%d/stat" % child.pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+
+    deadline = time.monotonic() + 10
+    while leader_state() != "Z" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert leader_state() == "Z" and len(os.listdir("/proc/%d/task" % child.pid)) == 2
+    procs = ProcessSet(use_pidfd=use_pidfd)
+    hold(procs, child)
+    # SIGINT has a python handler, but no main thread is left to run it: the process stays
+    out = run_ladder([Rung(INT, 0.3), Rung(TERM, 10)], procs, root_pgids=[child.pid])
+    assert out.rungs[0].remaining == 1 and out.stopped_by == 1
+    assert child.wait(timeout=5) == -TERM
+
+
+WRITER = """
+    import os, signal, sys, time
+    path, seconds = sys.argv[1], float(sys.argv[2])
+    def stop(signum, frame):
+        end = time.monotonic() + seconds
+        with open(path, "ab") as handle:
+            while time.monotonic() < end:
+                handle.write(b"x" * 4096)
+                handle.flush()
+                time.sleep(0.05)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    print("ready", flush=True)
+    while True:
+        time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("watch", [True, False])
+def test_progress_extends_the_rung_only_while_files_change(children, tmp_path, watch):
+    target = tmp_path / "ckpt.tmp"
+    child = spawn(WRITER, str(target), "1.5")
+    children.append(child)
+    procs = ProcessSet()
+    hold(procs, child)
+    out = run_ladder([Rung(TERM, 0.3), Rung(KILL, 5)], procs, root_pgids=[child.pid],
+                     progress_paths=[str(tmp_path)] if watch else [], progress_stall=0.8, max_grace=30)
+    if watch:
+        assert out.stopped_by == 0 and out.rungs[0].extended_by > 0
+        assert child.wait(timeout=5) == 0 and target.stat().st_size > 0
+    else:
+        assert out.stopped_by == 1 and child.wait(timeout=5) == -KILL
+
+
+def test_progress_never_extends_past_max_grace(children, tmp_path):
+    target = tmp_path / "log"
+    child = spawn(WRITER, str(target), "3600")  # "saves" forever
+    children.append(child)
+    procs = ProcessSet()
+    hold(procs, child)
+    out = run_ladder([Rung(TERM, 0.2), Rung(KILL, 5)], procs, root_pgids=[child.pid],
+                     progress_paths=[str(target)], progress_stall=5, max_grace=1.0)
+    assert out.stopped_by == 1
+    assert out.rungs[0].extended_by <= 1.0 - 0.2 + 1e-6  # bounded by max_grace, whatever the writer does
+
+
+def test_launcher_targets_and_order(children):
+    launcher_code = """
+        import signal, subprocess, sys, time
+        kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+                for _ in range(2)]
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+        print("ready", flush=True)
+        while True:
+            time.sleep(60)
+    """
+    launcher = spawn(launcher_code)
+    children.append(launcher)
+    kids = stat_children([launcher.pid])
+    assert len(kids) == 2
+    procs = ProcessSet()
+    hold(procs, launcher)
+    for pid, start, pgid in kids:
+        assert procs.add(pid, start, 1, pgid)
+    live = procs.live()
+    assert live[0].pid == launcher.pid  # launchers first, then their workers
+    assert [h.pid for h in launcher_targets(live, [launcher.pid])] == [launcher.pid]  # workers: own sessions
+    out = run_ladder([Rung(INT, 0.2, to="launcher"), Rung(TERM, 10)], procs, root_pgids=[launcher.pid])
+    assert out.rungs[0].targets == [launcher.pid]
+    assert out.rungs[1].targets[0] == launcher.pid and sorted(out.rungs[1].targets[1:]) == sorted(k[0] for k in kids)
+    assert out.stopped_by == 1
+
+
+def test_late_children_join_before_the_next_rung(children):
+    # a supervisor that starts a new child on SIGINT (like a respawning launcher)
+    code = """
+        import signal, subprocess, sys, time
+        def respawn(signum, frame):
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        signal.signal(signal.SIGINT, respawn)
+        print("ready", flush=True)
+        while True:
+            time.sleep(60)
+    """
+    sup = spawn(code)
+    children.append(sup)
+    procs = ProcessSet()
+    hold(procs, sup)
+    out = run_ladder([Rung(INT, 0.5), Rung(KILL, 5)], procs, root_pgids=[sup.pid], find_children=stat_children)
+    assert len(out.late_children) == 1 and out.stopped_by == 1
+    assert out.late_children[0] in out.rungs[1].targets
+
+
+def test_describe_process_reports_state_and_wchan(children):
+    child = spawn(GRACEFUL)
+    children.append(child)
+    info = describe_process(child.pid)
+    assert info["state"] in ("S", "R") and "python" in info["cmdline"] and "wchan" in info
+    child.kill()
+    child.wait()
+    assert describe_process(child.pid)["state"] == "gone"

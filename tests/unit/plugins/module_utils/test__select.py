@@ -1,0 +1,211 @@
+"""Selection rules, table-driven over synthetic process tables (the rules are pure functions)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
+from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
+    Pane,
+    SelectError,
+    broad_match_reason,
+    closure,
+    compile_regex,
+    job_groups,
+    parse_panes,
+    parse_pid_file,
+    program_of,
+    select,
+    tmux_list_panes_argv,
+    top_of,
+)
+
+PVE_CT200 = "0::/lxc/200/ns/user.slice\n"
+PVE_CT201 = "0::/lxc/201/ns/user.slice\n"
+TRAIN = "/opt/lab/trainer/fake_trainer.py"
+
+
+def proc(pid, ppid, cmd, pgid=None, sid=None, uid=0, cgroup="0::/user.slice\n", kthread=False, nspid=None):
+    return ProcessInfo(pid=pid, ppid=ppid, pgid=pgid or pid, sid=sid or pid, state="S", starttime=1000 + pid,
+                       comm=cmd.split()[0].rsplit("/", 1)[-1][:15] if cmd else "kworker", cmdline=tuple(cmd.split()),
+                       uid=uid, is_kernel_thread=kthread, cgroup=cgroup, nspid=nspid or (pid,))
+
+
+def table(*procs):
+    return {p.pid: p for p in procs}
+
+
+# A box like the incident's: sshd -> bash (session 100) -> the launcher, 2 workers in their own sessions,
+# plus a networkd-dispatcher-like daemon, an editor with the script open and a kernel thread.
+BOX = table(
+    proc(1, 0, "/sbin/init"),
+    proc(2, 0, "", kthread=True),
+    proc(50, 1, "/usr/bin/python3 /usr/bin/networkd-dispatcher --run-startup-triggers"),
+    proc(90, 1, "sshd: root@pts/0", sid=90),
+    proc(100, 90, "-bash", sid=100),
+    proc(200, 100, "/usr/bin/python3 %s --behaviour graceful --nproc 2 --ckpt-dir /ck" % TRAIN, pgid=200, sid=100),
+    proc(201, 200, "/usr/bin/python3 %s --worker --rank 0 --ckpt-dir /ck" % TRAIN),
+    proc(202, 200, "/usr/bin/python3 %s --worker --rank 1 --ckpt-dir /ck" % TRAIN),
+    proc(300, 100, "vim %s" % TRAIN, pgid=300, sid=100),
+    proc(999, 100, "/usr/bin/python3 -m ansible.modules.training_stop", pgid=999, sid=100),
+)
+
+
+def run_select(tbl=BOX, self_pid=999, ancestors=(100, 90, 1), **kwargs):
+    return select(table=tbl, self_pid=self_pid, ancestors=list(ancestors), **kwargs)
+
+
+@pytest.mark.parametrize("cmd, program", [
+    (["/usr/bin/python3", "-u", TRAIN, "--worker"], TRAIN),
+    (["python3.11", "-W", "ignore", "train.py"], "train.py"),
+    (["/usr/bin/python3", "/usr/bin/networkd-dispatcher", "--run-startup-triggers"], "/usr/bin/networkd-dispatcher"),
+    (["python3", "-m", "torch.distributed.run", "--nproc-per-node", "8", "train.py"], "-m torch.distributed.run"),
+    (["vim", TRAIN], "vim"),
+    (["/usr/bin/env", "FOO=1", "python3", "train.py"], "train.py"),
+    (["bash", "-c", "sleep 1"], "-c "),
+    ([], ""),
+])
+def test_program_of(cmd, program):
+    assert program_of(cmd) == program
+
+
+def test_closure_follows_ppid_and_led_groups_not_the_enclosing_session():
+    members = closure({200: "pids"}, BOX, lambda info: True)
+    assert sorted(members) == [200, 201, 202]  # not bash (100) nor the vim in bash's session
+    assert members[200].depth == 0 and members[201].depth == 1 and members[201].how == "child"
+
+
+def test_closure_keeps_reparented_descendants_through_their_led_session():
+    # worker 201 forked a data loader (401) into its session, then the intermediate (400) died
+    tbl = dict(BOX)
+    tbl[401] = proc(401, 1, "/usr/bin/python3 dataloader", pgid=201, sid=201)
+    members = closure({200: "pids"}, tbl, lambda info: True)
+    assert members[401].how in ("group", "session")
+
+
+def test_select_pids_never_includes_protected_or_excluded():
+    sel = run_select(pids=[200], excludes=[re.compile(r"--rank 1\b")])
+    assert sorted(sel.members) == [200, 201]
+    with pytest.raises(SelectError, match="pids: 1 is PID 1"):
+        run_select(pids=[1])
+    with pytest.raises(SelectError, match="pids: 100 is this module's own process or one of its ancestors"):
+        run_select(pids=[100])
+
+
+def test_select_missing_pid_is_a_note_not_an_error():
+    sel = run_select(pids=[4242])
+    assert sel.members == {} and sel.notes == ["pids: 4242 is not running"]
+
+
+def test_match_precise_selects_the_job():
+    sel = run_select(match=re.compile(r"fake_trainer\.py .*--ckpt-dir /ck"))
+    assert sel.refused == ""
+    assert sorted(sel.members) == [200, 201, 202]
+    assert {m.how for m in sel.members.values()} == {"match"}
+
+
+@pytest.mark.parametrize("regex, hit_pids", [
+    (r"python", [50, 200]),                 # networkd-dispatcher-like daemon
+    (r"fake_trainer\.py", [200, 300]),     # the editor with the script open
+])
+def test_broad_match_refused_and_lists_what_it_would_hit(regex, hit_pids):
+    sel = run_select(match=re.compile(regex))
+    assert sel.refused.startswith("match hits 2 unrelated process groups")
+    for pid in hit_pids:
+        assert "pid %d " % pid in sel.refused
+    assert "allow_broad_match" in sel.refused
+    assert sel.refused == run_select(match=re.compile(regex)).refused  # deterministic
+
+
+def test_broad_match_allowed_on_request():
+    sel = run_select(match=re.compile("fake_trainer"), allow_broad_match=True)
+    assert sel.refused == "" and 300 in sel.members and 200 in sel.members
+
+
+def test_exclude_makes_a_broad_match_precise():
+    sel = run_select(match=re.compile(r"fake_trainer\.py"), excludes=[re.compile(r"^vim ")])
+    assert sel.refused == "" and sorted(sel.members) == [200, 201, 202]
+
+
+def test_orphaned_workers_of_one_launcher_are_one_job():
+    tbl = {pid: p for pid, p in BOX.items() if pid not in (200,)}
+    tbl[201] = proc(201, 1, "/usr/bin/python3 %s --worker --rank 0 --ckpt-dir /ck" % TRAIN)
+    tbl[202] = proc(202, 1, "/usr/bin/python3 %s --worker --rank 1 --ckpt-dir /ck" % TRAIN)
+    sel = run_select(tbl, match=re.compile(r"--ckpt-dir /ck"))
+    assert sel.refused == "" and sorted(sel.members) == [201, 202]
+    assert top_of([201, 202], tbl) == [201, 202]
+
+
+def test_two_runs_of_the_same_script_under_different_shells_are_refused():
+    tbl = dict(BOX)
+    tbl[500] = proc(500, 90, "-bash", sid=500)
+    tbl[501] = proc(501, 500, "/usr/bin/python3 %s --ckpt-dir /other" % TRAIN, sid=500)
+    sel = run_select(tbl, match=re.compile(r"fake_trainer\.py --"), excludes=[re.compile("^vim")])
+    assert sel.refused.startswith("match hits 2 unrelated")
+
+
+def test_job_groups_joins_by_ancestry_and_led_group():
+    assert job_groups([200, 201, 202], BOX) == [[200, 201, 202]]
+    assert job_groups([50, 201], BOX) == [[50], [201]]
+    assert broad_match_reason([[200, 201, 202]], BOX) == ""
+
+
+def test_self_and_ancestors_never_hit_by_match():
+    # the module's own command line and the ansible process above it contain the regex too
+    sel = run_select(match=re.compile("training_stop"))
+    assert sel.members == {}
+
+
+def test_kernel_threads_and_pid1_never_selected():
+    sel = run_select(match=re.compile(".*"), allow_broad_match=True)
+    assert 1 not in sel.members and 2 not in sel.members and 999 not in sel.members and 100 not in sel.members
+
+
+def test_container_scope_and_container_init_protected():
+    tbl = table(
+        proc(1, 0, "/sbin/init"),
+        proc(5000, 1, "/sbin/init", cgroup=PVE_CT200, nspid=(5000, 1)),
+        proc(5005, 5000, "/lib/systemd/systemd-journald", cgroup=PVE_CT200, nspid=(5005, 30)),
+        proc(5010, 5000, "tmux new -s dflash", cgroup=PVE_CT200, nspid=(5010, 40)),
+        proc(5020, 5010, "/usr/bin/python3 %s --ckpt-dir /ck" % TRAIN, cgroup=PVE_CT200, nspid=(5020, 32244)),
+        proc(6000, 1, "/sbin/init", cgroup=PVE_CT201, nspid=(6000, 1)),
+        proc(6020, 6000, "/usr/bin/python3 %s --ckpt-dir /ck" % TRAIN, cgroup=PVE_CT201, nspid=(6020, 32244)),
+    )
+    sel = run_select(tbl, self_pid=77, ancestors=[1], match=re.compile(r"fake_trainer"), container=200)
+    assert sel.refused == "" and sorted(sel.members) == [5020]
+    alone = run_select(tbl, self_pid=77, ancestors=[1], container=200)
+    assert 5000 not in alone.members and alone.refused  # journald, tmux + trainer: not one job
+    everything = run_select(tbl, self_pid=77, ancestors=[1], container=200, allow_broad_match=True)
+    assert sorted(everything.members) == [5005, 5010, 5020]
+    with pytest.raises(SelectError, match="container's init"):
+        run_select(tbl, self_pid=77, ancestors=[1], pids=[5000])
+
+
+def test_tmux_panes_are_roots():
+    sel = run_select(panes=[Pane("%0", 100)], self_pid=7777, ancestors=[1])
+    # the pane's shell and its whole tree, including the editor, because the pane *is* the job
+    assert sel.members[100].how == "tmux_session" and {200, 201, 202, 300} <= set(sel.members)
+
+
+def test_parse_panes_exact_session_and_argv():
+    text = "%0\t1234\tdflash\n%1\t99\tdflash-eval\n%3\t100\tdflash\ngarbage\n%4\tx\tdflash\n"
+    assert parse_panes(text, "dflash") == [Pane("%0", 1234), Pane("%3", 100)]
+    assert parse_panes(text, "dfl") == []
+    assert tmux_list_panes_argv("/tmp/s") == [
+        "tmux", "-S", "/tmp/s", "list-panes", "-a", "-F", "#{pane_id}\t#{pane_pid}\t#{session_name}"]
+
+
+@pytest.mark.parametrize("text, ok", [("32244\n", 32244), ("  7 ", 7), ("", None), ("abc", None), ("1 2", None), ("0", None)])
+def test_parse_pid_file(text, ok):
+    if ok is None:
+        with pytest.raises(SelectError, match="pid_file: .* must hold one positive PID"):
+            parse_pid_file(text)
+    else:
+        assert parse_pid_file(text) == ok
+
+
+def test_compile_regex_names_the_option():
+    with pytest.raises(SelectError, match=r"^match: '\(' is not a valid regular expression"):
+        compile_regex("match", "(")

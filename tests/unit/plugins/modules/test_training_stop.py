@@ -1,0 +1,340 @@
+"""training_stop end to end on this host: the real module (own process), real trainer trees, real tmux, real decoys.
+
+Short rung timeouts keep each test at a second or two; assertions are about which
+rung ended the job, what was signalled and what survived, never about speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
+from harness import (  # noqa: E402
+    PYTHON,
+    ROOT,
+    TRAINER,
+    Decoy,
+    Tmux,
+    Trainer,
+    alive,
+    have_tmux,
+    latest_checkpoint,
+    pids_with,
+    run_module,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+SHORT = [{"signal": "SIGINT", "timeout": 5}, {"signal": "SIGTERM", "timeout": 2}, {"signal": "SIGKILL", "timeout": 5}]
+QUICK = [{"signal": "SIGINT", "timeout": 0.5}, {"signal": "SIGTERM", "timeout": 2}, {"signal": "SIGKILL", "timeout": 5}]
+
+
+@pytest.fixture(scope="module")
+def decoys(tmp_path_factory):
+    """What the incident's `grep python` also counted: never to be signalled by any test here."""
+    if not have_tmux():
+        pytest.skip("tmux is not installed")
+    work = str(tmp_path_factory.mktemp("decoys"))
+    daemon = Decoy(work, "networkd-dispatcher", ["--run-startup-triggers"])
+    editor = Decoy(work, "vim", [TRAINER])
+    tmux = Tmux(work)
+    record = os.path.join(work, "tmux-decoy.signals")
+    tmux.new_session("dflash-eval", "%s %s/networkd-dispatcher --eval --record %s" % (PYTHON, work, record))
+    wait_for(lambda: os.path.exists(record), 10, what="tmux decoy up")
+    pane_decoy = tmux.pane_pids("dflash-eval")[0]
+    yield {"daemon": daemon, "editor": editor, "tmux": tmux, "pane": pane_decoy, "record": record}
+    for decoy in (daemon, editor):
+        decoy.cleanup()
+    try:
+        os.kill(pane_decoy, signal.SIGKILL)  # it ignores the SIGHUP kill-server sends
+    except ProcessLookupError:
+        pass
+    tmux.kill_server()
+
+
+@pytest.fixture
+def untouched(decoys):
+    yield
+    assert decoys["daemon"].untouched(), decoys["daemon"].signals()
+    assert decoys["editor"].untouched(), decoys["editor"].signals()
+    assert alive(decoys["pane"]) and open(decoys["record"]).read().split() == ["up"]
+
+
+@pytest.fixture
+def job(tmp_path, untouched):
+    started = []
+
+    def make(behaviour, start=True, **kwargs):
+        trainer = Trainer(str(tmp_path / ("job%d" % len(started))), behaviour, **kwargs)
+        os.makedirs(trainer.workdir)
+        started.append(trainer)
+        return trainer.start() if start else trainer
+
+    yield make
+    for trainer in started:
+        trainer.cleanup()
+
+
+def pids_of(result):
+    return sorted(entry["pid"] for entry in result["selected"])
+
+
+def test_graceful_stops_on_the_first_rung_with_checkpoint(job):
+    trainer = job("graceful", nproc=3)
+    expected = sorted(pid for pid, _ in trainer.identities())
+    result = run_module({"match": trainer.regex, "ladder": SHORT})
+    assert result["rc"] == 0, result
+    assert result["changed"] is True and result["stopped_by"] == "SIGINT" and result["stopped_by_index"] == 0
+    assert pids_of(result) == expected and result["survivors"] == [] and result["unkillable"] == []
+    assert result["rungs"][0]["targets"] == [trainer.proc.pid]  # Ctrl-C semantics: the launcher only
+    assert result["selected"][0]["pid"] == trainer.proc.pid and result["selected"][0]["depth"] == 0
+    assert {e["how"] for e in result["selected"]} == {"match"} and result["pidfd"] is True
+    assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
+    assert trainer.proc.wait(timeout=5) == 0
+    again = run_module({"match": trainer.regex, "ladder": SHORT})
+    assert again["rc"] == 0 and again["changed"] is False and again["selected"] == [] and again["rungs"] == []
+
+
+def test_stubborn_only_sigkill_ends_it_and_last_checkpoint_survives(job):
+    trainer = job("stubborn", extra=["--ckpt-every", "1"])
+    wait_for(lambda: latest_checkpoint(trainer.ckpt_dir), 10, what="a periodic checkpoint")
+    result = run_module({"match": trainer.regex, "ladder": [
+        {"signal": "INT", "timeout": 0.5}, {"signal": "TERM", "timeout": 0.5}, {"signal": "KILL", "timeout": 5}]})
+    assert result["rc"] == 0, result
+    assert result["stopped_by"] == "SIGKILL" and [r["remaining"] for r in result["rungs"]] == [3, 3, 0]
+    assert not pids_with(trainer.ckpt_dir)
+    assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682  # what was saved before stays intact
+
+
+def test_orphans_reparented_workers_caught_by_sigterm(job):
+    trainer = job("orphans", nproc=3)
+    workers = trainer.workers()
+    result = run_module({"pids": [trainer.proc.pid], "ladder": QUICK})
+    assert result["rc"] == 0, result
+    assert result["rungs"][0]["targets"] == [trainer.proc.pid] and result["rungs"][0]["exited"] == [trainer.proc.pid]
+    assert result["stopped_by"] == "SIGTERM"
+    assert sorted(result["rungs"][1]["targets"]) == sorted(workers)
+    assert {e["how"] for e in result["selected"] if e["pid"] in workers} == {"child"}
+    assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
+
+
+def test_respawn_launcher_signalled_first_restarts_nothing(job):
+    trainer = job("respawn", nproc=3)
+    result = run_module({"match": trainer.regex, "ladder": QUICK})
+    assert result["rc"] == 0, result
+    assert result["stopped_by"] == "SIGTERM"
+    assert result["rungs"][1]["targets"][0] == trainer.proc.pid  # before its workers
+    assert trainer.restarts() == [] and result["late_children"] == []
+    assert not pids_with(trainer.ckpt_dir)
+    assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
+
+
+def test_slow_checkpoint_not_killed_while_it_grows(job):
+    trainer = job("slow_checkpoint", extra=["--checkpoint-seconds", "2.5"])
+    result = run_module({"match": trainer.regex, "progress_paths": [trainer.ckpt_dir], "progress_stall": 1,
+                         "ladder": [{"signal": "INT", "timeout": 0.5}, {"signal": "TERM", "timeout": 0.5},
+                                    {"signal": "KILL", "timeout": 5}]})
+    assert result["rc"] == 0, result
+    assert result["stopped_by"] == "SIGINT" and result["rungs"][0]["extended_by"] > 0
+    path, step = latest_checkpoint(trainer.ckpt_dir)
+    assert step >= 682 and not [n for n in os.listdir(trainer.ckpt_dir) if n.endswith(".tmp")]
+
+
+def test_slow_checkpoint_without_progress_paths_is_cut_short(job):
+    """The contrast: the same ladder without progress_paths kills mid-save; `latest` still never names a torn file."""
+    trainer = job("slow_checkpoint", extra=["--checkpoint-seconds", "2.5"])
+    result = run_module({"match": trainer.regex, "ladder": [
+        {"signal": "INT", "timeout": 0.5}, {"signal": "TERM", "timeout": 0.5}, {"signal": "KILL", "timeout": 5}]})
+    assert result["rc"] == 0 and result["stopped_by"] == "SIGKILL"
+    assert [n for n in os.listdir(trainer.ckpt_dir) if n.endswith(".tmp")]
+    assert latest_checkpoint(trainer.ckpt_dir) is None
+
+
+def test_sigstopped_job_is_continued_and_stops_gracefully(job):
+    trainer = job("graceful")
+    for pid, _ in trainer.identities():
+        os.kill(pid, signal.SIGSTOP)
+    result = run_module({"match": trainer.regex, "ladder": SHORT})
+    assert result["rc"] == 0 and result["stopped_by"] == "SIGINT", result
+    assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
+
+
+def test_check_mode_reports_plan_and_signals_nothing(job):
+    trainer = job("graceful")
+    before = trainer.identities()
+    result = run_module({"match": trainer.regex}, check_mode=True, diff=True)
+    assert result["rc"] == 0 and result["changed"] is True and result["rungs"] == []
+    assert result["plan"] == ["SIGINT to the launcher, wait 45s", "SIGTERM to every process, wait 30s",
+                              "SIGKILL to every process, wait 10s"]
+    assert pids_of(result) == sorted(p for p, _ in before)
+    assert str(trainer.proc.pid) in result["diff"]["before"] and result["diff"]["after"] == ""
+    assert all(alive(pid, start) for pid, start in before) and "got SIG" not in trainer.log()
+
+
+def test_diff_shows_before_and_after(job):
+    trainer = job("graceful")
+    result = run_module({"match": trainer.regex, "ladder": SHORT}, diff=True)
+    assert result["rc"] == 0
+    assert result["diff"]["before"].count("fake_trainer.py") == 3 and result["diff"]["after"] == ""
+
+
+def test_broad_match_refused_lists_hits_and_signals_nothing(job, decoys):
+    trainer = job("graceful")
+    before = trainer.identities()
+    result = run_module({"match": "python", "ladder": SHORT})
+    assert result["rc"] == 1 and result["msg"].startswith("match hits ")
+    assert "networkd-dispatcher" in result["msg"] and "allow_broad_match" in result["msg"]
+    editor = run_module({"match": r"fake_trainer\.py", "ladder": SHORT})
+    assert editor["rc"] == 1 and "program vim" not in editor["msg"] and "/vim " in editor["msg"]
+    assert all(alive(pid, start) for pid, start in before) and "got SIG" not in trainer.log()
+    # the fix the message suggests (a regex with a unique argument) works
+    fixed = run_module({"match": trainer.regex, "exclude": [r"/vim "], "ladder": SHORT})
+    assert fixed["rc"] == 0 and fixed["stopped_by"] == "SIGINT"
+
+
+BAD = [
+    ({"match": "(unclosed"}, "match: '(unclosed' is not a valid regular expression"),
+    ({"match": "X", "exclude": ["[z-a]"]}, "exclude: '[z-a]' is not a valid regular expression"),
+    ({"match": "X", "ladder": [{"signal": "SIGFOO", "timeout": 1}]}, "ladder[0].signal: unknown signal 'SIGFOO'"),
+    ({"match": "X", "ladder": [{"signal": "INT", "timeout": -3}]}, "ladder[0].timeout: timeout must be a finite number of seconds >= 0"),
+    ({"match": "X", "ladder": []}, "ladder: must be a non-empty list"),
+    ({"match": "X", "kill_timeout": -1}, "kill_timeout: must be a finite number of seconds >= 0"),
+    ({"match": "X", "max_grace": -1}, "max_grace: must be a finite number"),
+    ({"pids": [0]}, "pids: 0 is not a PID"),
+    ({"pids": [1]}, "pids: 1 is PID 1 and is never signalled"),
+    ({"pid_file": "{dir}"}, "pid_file: cannot read {dir}"),
+    ({"pid_file": "{garbage}"}, "pid_file: {garbage} must hold one positive PID"),
+    ({"ladder": SHORT}, "one of the following is required: pids, pid_file, match, tmux_session, container"),
+    ({"match": "X", "ladder": [{"signal": "INT", "timeout": 1, "via": "tmux"}]}, "needs tmux_session"),
+    ({"tmux_session": "dflash", "container": 200}, "mutually exclusive"),
+    ({"match": "X", "container": 5}, "container: 5 is not a Proxmox VMID"),
+]
+
+
+def test_every_bad_input_names_the_option_and_signals_nothing(job, tmp_path):
+    trainer = job("graceful")
+    before = trainer.identities()
+    garbage = tmp_path / "garbage.pid"
+    garbage.write_text("not a pid\n")
+    for args, message in BAD:
+        args = json.loads(json.dumps(args).replace("{dir}", str(tmp_path)).replace("{garbage}", str(garbage)))
+        if "match" in args:
+            args["match"] = args["match"].replace("X", trainer.regex)
+        result = run_module(args)
+        message = message.replace("{dir}", str(tmp_path)).replace("{garbage}", str(garbage))
+        assert result["rc"] == 1 and message in result["msg"], (args, result["msg"])
+        assert result.get("rungs", []) == []
+    assert all(alive(pid, start) for pid, start in before) and "got SIG" not in trainer.log()
+
+
+def test_pid_file_selects_and_detects_reuse(job, tmp_path):
+    trainer = job("graceful")
+    pid_file = tmp_path / "launcher.pid"
+    pid_file.write_text("%d\n" % trainer.proc.pid)
+    old = time.time() - 86400
+    os.utime(pid_file, (old, old))  # written a day ago: the process holding this PID now started later
+    reused = run_module({"pid_file": str(pid_file), "ladder": SHORT})
+    assert reused["rc"] == 0 and reused["changed"] is False and "PID reused" in reused["notes"][0]
+    pid_file.write_text("%d\n" % trainer.proc.pid)
+    result = run_module({"pid_file": str(pid_file), "ladder": SHORT})
+    assert result["rc"] == 0 and result["stopped_by"] == "SIGINT" and result["selected"][0]["how"] == "pid_file"
+    missing = run_module({"pid_file": str(tmp_path / "gone.pid"), "ladder": SHORT})
+    assert missing["rc"] == 0 and missing["changed"] is False and "does not exist" in missing["notes"][0]
+
+
+def test_without_sigkill_survivors_fail_the_module(job):
+    trainer = job("stubborn")
+    result = run_module({"match": trainer.regex, "ladder": [{"signal": "TERM", "timeout": 0.3}]})
+    assert result["rc"] == 1 and "still running" in result["msg"] and len(result["survivors"]) == 3
+    assert result["unkillable"] == [] and all(alive(pid) for pid in result["survivors"])
+
+
+# ---------------------------------------------------------------- tmux
+
+@pytest.fixture
+def tmux_job(job, decoys):
+    def make(behaviour, **kwargs):
+        trainer = job(behaviour, start=False, **kwargs)
+        command = " ".join(trainer.argv) + " > %s 2>&1" % trainer.log_path
+        decoys["tmux"].new_session("dflash", command)
+        trainer.wait_ready()
+        return trainer
+
+    yield make
+    decoys["tmux"].run("kill-session", "-t", "=dflash", check=False)
+
+
+def test_tmux_ctrl_c_stops_graceful_and_spares_the_other_session(tmux_job, decoys):
+    trainer = tmux_job("graceful")
+    result = run_module({"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
+        {"signal": "INT", "timeout": 5, "via": "tmux"}, {"signal": "TERM", "timeout": 2}, {"signal": "KILL", "timeout": 5}]})
+    assert result["rc"] == 0, result
+    assert result["stopped_by"] == "SIGINT via tmux" and len(result["rungs"][0]["targets"]) == 1
+    assert result["selected"][0]["how"] == "tmux_session"
+    assert decoys["pane"] not in pids_of(result)
+    assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
+
+
+def test_tmux_ctrl_c_is_not_trusted_stubborn_escalates(tmux_job, decoys):
+    trainer = tmux_job("stubborn")
+    result = run_module({"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
+        {"signal": "INT", "timeout": 0.5, "via": "tmux"}, {"signal": "TERM", "timeout": 0.5}, {"signal": "KILL", "timeout": 5}]})
+    assert result["rc"] == 0, result
+    assert result["stopped_by"] == "SIGKILL" and result["rungs"][0]["remaining"] > 0
+    assert not pids_with(trainer.ckpt_dir)
+
+
+def test_missing_tmux_session_or_server_selects_nothing(decoys, tmp_path, untouched):
+    result = run_module({"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket})
+    assert result["rc"] == 0 and result["changed"] is False and result["selected"] == []
+    assert "no tmux session 'dflash'" in result["notes"][0]
+    no_server = run_module({"tmux_session": "dflash", "tmux_socket": str(tmp_path / "nothing.sock")})
+    assert no_server["rc"] == 0 and no_server["changed"] is False and no_server["selected"] == []
+
+
+# ---------------------------------------------------------------- through ansible itself
+
+def test_through_ansible_playbook_check_then_run_then_idempotent(job, tmp_path):
+    trainer = job("graceful")
+    playbook = tmp_path / "stop.yml"
+    playbook.write_text("""
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Plan
+      gpuops.repurpose.training_stop:
+        match: '{regex}'
+        ladder: {ladder}
+      check_mode: true
+      register: plan
+    - name: Stop
+      gpuops.repurpose.training_stop:
+        match: '{regex}'
+        ladder: {ladder}
+      register: stop
+    - name: Again
+      gpuops.repurpose.training_stop:
+        match: '{regex}'
+        ladder: {ladder}
+      register: again
+    - name: Check
+      ansible.builtin.assert:
+        that:
+          - plan is changed and plan.rungs == [] and plan.selected | length == 3
+          - stop is changed and stop.stopped_by == 'SIGINT'
+          - again is not changed and again.selected == []
+""".format(regex=trainer.regex, ladder=json.dumps(SHORT)))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    done = subprocess.run([os.path.join(os.path.dirname(PYTHON), "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + PYTHON,
+                           str(playbook)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "changed=2" in done.stdout and "failed=0" in done.stdout
+    assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
