@@ -96,7 +96,7 @@ class GpuProcess:
 class Sample:
     """One reading of every GPU. ``processes`` is None when the backend gave no usable list."""
 
-    t: float  # wall clock, so tests can line samples up with other processes' events
+    at: float  # wall clock, so tests can line samples up with other processes' events
     gpus: tuple[GpuInfo, ...]
     processes: t.Optional[tuple[GpuProcess, ...]]
     backend: str
@@ -554,7 +554,7 @@ class NvidiaSmiBackend:
         prefetch = self._prefetch
         gpus = self.gpus()
         fetch = (lambda: self._take_prefetch(prefetch)) if prefetch is not None else self.processes
-        return Sample(t=now, gpus=tuple(gpus), processes=None, backend=self.name,
+        return Sample(at=now, gpus=tuple(gpus), processes=None, backend=self.name,
                       took=time.monotonic() - start, fetch=fetch)
 
     def close(self) -> None:
@@ -577,7 +577,7 @@ class WaitResult:
 
 
 def _history_entry(sample: Sample, started: float, free: bool, counted: t.Mapping[int, int]) -> dict:
-    return {"t": round(sample.t, 3), "elapsed": round(sample.t - started, 3), "took": round(sample.took, 3),
+    return {"t": round(sample.at, 3), "elapsed": round(sample.at - started, 3), "took": round(sample.took, 3),
             "free": free, "counted_mib": dict(counted)}
 
 

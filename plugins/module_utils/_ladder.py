@@ -321,6 +321,7 @@ class RungReport:
     timeout: float
     targets: list[t.Any] = field(default_factory=list)
     sent_at: float = 0.0
+    ended_at: float = 0.0
     waited: float = 0.0
     extended_by: float = 0.0
     exited: list[int] = field(default_factory=list)
@@ -331,7 +332,8 @@ class RungReport:
     def as_dict(self) -> dict[str, t.Any]:
         return {
             "signal": self.signal, "via": self.via, "to": self.to, "timeout": self.timeout,
-            "targets": self.targets, "sent_at": round(self.sent_at, 4), "waited": round(self.waited, 4),
+            "targets": self.targets, "sent_at": round(self.sent_at, 4), "ended_at": round(self.ended_at, 4),
+            "waited": round(self.waited, 4),
             "extended_by": round(self.extended_by, 4), "exited": self.exited, "already_gone": self.already_gone,
             "errors": self.errors, "remaining": self.remaining,
         }
@@ -435,6 +437,7 @@ def run_ladder(
                 wait = min(wait, max(0.0, next_sample - now))
             report.exited.extend(procs.reap_ready(wait))
         report.waited = clock() - rung_start
+        report.ended_at = clock() - t0
         report.extended_by = max(0.0, deadline.timeout - rung.timeout)
         report.remaining = len(procs.live())
         if not procs.live():

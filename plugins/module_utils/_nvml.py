@@ -135,7 +135,7 @@ class NvmlBackend:
             fallback, why = self.processes_fallback()
             procs = None if fallback is None else list(fallback)
             notes.append("processes from nvidia-smi" if fallback is not None else why)
-        return Sample(t=now, gpus=tuple(gpus), processes=None if procs is None else tuple(procs),
+        return Sample(at=now, gpus=tuple(gpus), processes=None if procs is None else tuple(procs),
                       backend=self.name, took=time.monotonic() - start, notes=tuple(notes))
 
     def close(self) -> None:

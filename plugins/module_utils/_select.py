@@ -42,10 +42,15 @@ import typing as t
 from dataclasses import dataclass, replace
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    PF_KTHREAD,
+    ProcError,
     ProcessInfo,
     ancestors_of,
     container_vmid_from_cgroup,
-    iter_processes,
+    list_pids,
+    parse_cmdline,
+    parse_stat,
+    read_process,
 )
 
 INTERPRETERS = re.compile(r"^(?:python[0-9.]*|pypy[0-9.]*|bash|sh|dash|zsh|perl|ruby|node|env|uv|conda)$")
@@ -119,17 +124,61 @@ def _live_thread_cmdline(pid: int, proc_root: str) -> tuple[str, ...]:
     return ()
 
 
-def read_table(proc_root: str = "/proc") -> dict[int, ProcessInfo]:
-    """Every live process. True zombies (no live thread) are left out: they are already gone."""
+def _read_raw(path: str) -> bytes:
+    # os.open/os.read: no buffered/text layers; the full-table scan is the cost before the first signal
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:  # only a huge cmdline needs more than one read
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _read_light(pid: int, proc_root: str) -> ProcessInfo | None:
+    """stat + cmdline only: enough to match and to walk the tree (half the reads of ``read_process``)."""
+    base = "%s/%d" % (proc_root, pid)
+    try:
+        stat = parse_stat(_read_raw(base + "/stat").decode("utf-8", "surrogateescape"))
+        cmdline = parse_cmdline(_read_raw(base + "/cmdline"))
+    except (FileNotFoundError, ProcessLookupError, ProcError):
+        return None
+    return ProcessInfo(pid=stat.pid, ppid=stat.ppid, pgid=stat.pgid, sid=stat.sid, state=stat.state,
+                       starttime=stat.starttime, comm=stat.comm, cmdline=cmdline,
+                       is_kernel_thread=bool(stat.flags & PF_KTHREAD))
+
+
+def _keep(info: ProcessInfo | None, proc_root: str) -> ProcessInfo | None:
+    """None for true zombies (no live thread: already gone); a zombie leader shows a live thread's cmdline."""
+    if info is None:
+        return None
+    if info.state in ("Z", "X"):
+        if not has_live_thread(info.pid, proc_root):
+            return None
+        if not info.cmdline:
+            info = replace(info, cmdline=_live_thread_cmdline(info.pid, proc_root))
+    return info
+
+
+def read_table(proc_root: str = "/proc", light: bool = False) -> dict[int, ProcessInfo]:
+    """Every live process; ``light`` reads only stat and cmdline (no uid, cgroup, NSpid)."""
     table: dict[int, ProcessInfo] = {}
-    for info in iter_processes(proc_root):
-        if info.state in ("Z", "X"):
-            if not has_live_thread(info.pid, proc_root):
-                continue
-            if not info.cmdline:
-                info = replace(info, cmdline=_live_thread_cmdline(info.pid, proc_root))
-        table[info.pid] = info
+    for pid in list_pids(proc_root):
+        info = _keep(_read_light(pid, proc_root) if light else read_process(pid, proc_root), proc_root)
+        if info is not None:
+            table[pid] = info
     return table
+
+
+def enrich(table: dict[int, ProcessInfo], pids: t.Iterable[int], proc_root: str = "/proc") -> None:
+    """Complete the light entries of ``pids`` in place (uid, cgroup, NSpid); drop those gone meanwhile."""
+    for pid in pids:
+        info = _keep(read_process(pid, proc_root), proc_root)
+        if info is None or info.starttime != table[pid].starttime:
+            table.pop(pid, None)
+        else:
+            table[pid] = info
 
 
 def read_pid_file(path: str) -> tuple[int | None, float | None]:
@@ -256,6 +305,41 @@ def program_of(cmdline: t.Sequence[str]) -> str:
             return program_of([word] + args)
         return word
     return name
+
+
+_SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "tcsh", "csh", "yash"))
+
+
+def is_interactive_shell(cmdline: t.Sequence[str]) -> bool:
+    """``bash``, ``-bash``, ``zsh -l``: a shell with no script or ``-c`` command (a terminal's prompt)."""
+    if not cmdline:
+        return False
+    if os.path.basename(cmdline[0]).lstrip("-") not in _SHELLS:
+        return False
+    return all(arg.startswith("--") or (arg.startswith("-") and "c" not in arg[1:]) for arg in cmdline[1:])
+
+
+def pane_roots(panes: t.Sequence[Pane], table: t.Mapping[int, ProcessInfo]) -> tuple[list[int], list[str]]:
+    """The job's roots in each pane: the pane's process, or what runs in it when it is an interactive shell.
+
+    The shell at the prompt is the terminal's, not the job's: it ignores SIGINT
+    and SIGTERM (so it would hold every rung to its timeout) and killing it
+    closes the pane and its scrollback.
+    """
+    roots: list[int] = []
+    notes: list[str] = []
+    for pane in panes:
+        info = table.get(pane.pid)
+        if info is None:
+            continue
+        if is_interactive_shell(info.cmdline):
+            kids = sorted(pid for pid, other in table.items() if other.ppid == pane.pid)
+            roots.extend(kids)
+            notes.append("tmux pane %s: its shell (pid %d) is left running; %s" % (
+                pane.pane_id, pane.pid, "what runs in it is the job" if kids else "nothing runs in it"))
+        else:
+            roots.append(pane.pid)
+    return roots, notes
 
 
 def protected_pids(table: t.Mapping[int, ProcessInfo], self_pid: int, ancestors: t.Iterable[int]) -> set[int]:
@@ -431,9 +515,10 @@ def select(
             roots.setdefault(pid_file_pid, "pid_file")
         else:
             notes.append("pid_file: pid %d is not running" % pid_file_pid)
-    for pane in panes:
-        if pane.pid in table:
-            roots.setdefault(pane.pid, "tmux_session")
+    roots_in_panes, pane_notes = pane_roots(panes, table)
+    notes.extend(pane_notes)
+    for pid in roots_in_panes:
+        roots.setdefault(pid, "tmux_session")
     refused = ""
     hits: list[int] = []
     if match is not None or (container is not None and not (pids or pid_file_pid or panes)):
@@ -479,7 +564,19 @@ def snapshot(
         if note:
             notes.append(note)
     self_pid = os.getpid()
-    table = read_table(proc_root)
+    # Two passes: stat + cmdline for everyone, the rest only for what could be selected
+    # (on a PVE host with thousands of processes this is most of the time before the first signal).
+    table = read_table(proc_root, light=True)
+    if container is not None and not (pids or pid_file_pid or panes or regex):
+        candidates: t.Iterable[int] = list(table)
+    else:
+        seeds = {pid for pid in list(pids) + [pid_file_pid or 0] if pid in table}
+        seeds.update(pane_roots(panes, table)[0])
+        seeds.update(pane.pid for pane in panes if pane.pid in table)
+        if regex is not None:
+            seeds.update(pid for pid, info in table.items() if regex.search(command_of(info)))
+        candidates = list(closure(dict.fromkeys(seeds, ""), table, lambda info: True))
+    enrich(table, candidates, proc_root)
     if pid_file_pid is not None and pid_file_pid in table and file_mtime is not None \
             and started_after(table[pid_file_pid], file_mtime, proc_root):
         notes.append("pid_file: pid %d started after %s was written: PID reused, not selected" % (pid_file_pid, pid_file))

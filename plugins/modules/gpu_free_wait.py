@@ -177,7 +177,11 @@ gpus:
     memory_total_mib: {description: Total memory., type: int, returned: success, sample: 97887}
     memory_used_mib_before: {description: Used memory at the first sample., type: int, returned: success, sample: 80004}
     memory_used_mib_after: {description: Used memory at the last sample., type: int, returned: success, sample: 4}
-    memory_counted_mib_after: {description: Used memory at the last sample less what ignored or out-of-scope processes hold., type: int, returned: success, sample: 4}
+    memory_counted_mib_after:
+      description: Used memory at the last sample less what ignored or out-of-scope processes hold.
+      type: int
+      returned: success
+      sample: 4
     free: {description: Whether this GPU was at or under O(max_used_mib) at the last sample., type: bool, returned: success, sample: true}
 holders:
   description:

@@ -30,21 +30,25 @@ description:
   - Runs inside the container (for example through M(gpuops.repurpose.pct_ssh)) or on the Proxmox VE
     host scoped with I(container). Needs only the Python standard library on the target.
 author:
-  - gpuops.repurpose contributors
+  - gpuops.repurpose contributors (!UNKNOWN)
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports the selection and the plan (RV(plan)); sends nothing.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
-    details: Shows the selected running processes before and those left after.
+    details: Shows the selected running processes before, and those left after.
   idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: full
-    details: Once the job is gone nothing is selected and RV(changed) is false.
+    details: Once the job is gone nothing is selected and the module reports no change.
   platform:
-    platforms: [posix]
+    description: Target OS/families that can be operated against.
     support: full
-    details: Linux only (reads C(/proc)). pidfds need Linux 5.3 and Python 3.9; older systems fall back to 20 ms polling.
+    platforms: posix
+    details: Linux only (reads C(/proc)). pidfds need Linux 5.3 and Python 3.9; elsewhere it falls back to 20 ms polling.
 options:
   pids:
     description:
@@ -71,9 +75,12 @@ options:
   tmux_session:
     description:
       - Name of a tmux session (exact match); every process tree under its panes is selected.
+      - When a pane's process is an interactive shell (C(bash), C(-zsh), no script or C(-c)), the shell is left
+        running and what runs in it is the job (the shell ignores SIGINT and SIGTERM, and killing it would close
+        the pane and its scrollback).
       - A missing session or tmux server selects nothing (not an error).
-      - Enables the V(via=tmux) rung, which sends Ctrl-C to each pane.
-      - Cannot be combined with I(container): the container's tmux server is not reachable from the host.
+      - Enables the rung with C(via=tmux), which sends Ctrl-C to each pane.
+      - Cannot be combined with I(container), because the container's tmux server is not reachable from the host.
     type: str
   tmux_socket:
     description:
@@ -106,8 +113,8 @@ options:
         what Ctrl-C in their terminal reaches - or V(all) - every process of the snapshot, launchers
         first). C(to) defaults to V(launcher) for SIGINT and V(all) otherwise.
       - A SIGKILL rung waits at most I(kill_timeout).
-      - Default C([{signal: SIGINT, timeout: 45, via: tmux}, {signal: SIGTERM, timeout: 30}, {signal: SIGKILL, timeout: 10}])
-        (without C(via) when I(tmux_session) is unset).
+      - "Default: C([{signal: SIGINT, timeout: 45, via: tmux}, {signal: SIGTERM, timeout: 30}, {signal: SIGKILL, timeout: 10}])
+        (without C(via) when I(tmux_session) is unset; the SIGKILL rung waits I(kill_timeout))."
     type: list
     elements: dict
   progress_paths:
@@ -141,7 +148,7 @@ notes:
   - Processes the job starts after the snapshot (children of its live members) join before each later rung.
 seealso:
   - module: gpuops.repurpose.gpu_free_wait
-  - role: gpuops.repurpose.stop_training
+  - module: gpuops.repurpose.proxmox_ct_exec
 """
 
 EXAMPLES = r"""
@@ -203,13 +210,14 @@ plan:
   elements: str
   sample: ["Ctrl-C via tmux, wait 45s", "SIGTERM to every process, wait 30s", "SIGKILL to every process, wait 10s"]
 rungs:
-  description: One entry per rung climbed, with the signal, targets (PIDs, or tmux pane ids), when it was sent
-    (seconds since the module started), how long it waited, how much of that came from progress, and which PIDs exited.
+  description: One entry per rung climbed, with the signal, targets (PIDs, or tmux pane ids), when it was sent and
+    when its wait ended (seconds since the module started), how long it waited, how much of that came from progress
+    (C(extended_by)), which PIDs exited, which had already gone, and how many were left (C(remaining)).
   returned: always
   type: list
   elements: dict
   sample:
-    - {signal: SIGINT, via: tmux, to: launcher, timeout: 45, targets: ["%0"], sent_at: 0.012, waited: 3.51,
+    - {signal: SIGINT, via: tmux, to: launcher, timeout: 45, targets: ["%0"], sent_at: 0.012, ended_at: 3.525, waited: 3.51,
        extended_by: 0, exited: [32244, 32250], already_gone: [], errors: [], remaining: 0}
 stopped_by:
   description: The rung after which no selected process was left, as C(SIGNAL) or C(SIGINT via tmux); null when nothing
@@ -254,13 +262,12 @@ elapsed:
   sample: 3.62
 """
 
-import os
-import pwd
-import subprocess
-import time
+import pwd  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
 
-from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (  # noqa: E402
     LadderError,
     ProcessSet,
     describe_process,
@@ -268,7 +275,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     run_ladder,
     stat_children,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (  # noqa: E402
     SelectError,
     command_of,
     read_tpgid,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: datagen prepare and tokenize, rows/s and peak RSS, each against a baseline run side by side.
 
-    .venv/bin/python tests/bench/bench_datagen_prepare.py              # 30K rows, well under a minute
+    .venv/bin/python tests/bench/bench_datagen_prepare.py              # 20K rows, under a minute
     .venv/bin/python tests/bench/bench_datagen_prepare.py --rows 1000000
 
 Synthetic rows in the six real source schemas (3% cross-source duplicates, 1% malformed lines)
@@ -159,7 +159,7 @@ def child(code: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=30000, help="source rows in all (default 30000; try 1000000)")
+    ap.add_argument("--rows", type=int, default=20000, help="source rows in all (default 20000; try 1000000)")
     ap.add_argument("--tokenize-rows", type=int, default=None, help="generated rows to tokenize (default rows/3)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None, help="write the results here too")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: how soon after the GPUs are really free does the waiter say so?
 
 Detection latency = (watcher returns) - (the fake driver releases the memory,
@@ -70,7 +69,7 @@ def trial(kind: str, fake: FakeGpus, tmp: str, phase: float, warmup: float) -> f
     if watcher.returncode != 0:
         raise RuntimeError("%s failed: %s %s" % (kind, out[-500:], err[-500:]))
     deaths = fake.events("death")[deaths_before:]
-    for _ in range(100):  # the driver daemon records deaths a moment after the exits
+    for _attempt in range(100):  # the driver daemon records deaths a moment after the exits
         if len(deaths) >= 8:
             break
         time.sleep(0.01)
@@ -81,7 +80,7 @@ def trial(kind: str, fake: FakeGpus, tmp: str, phase: float, warmup: float) -> f
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--release-delay", type=float, default=1.0)
     parser.add_argument("--json", help="write the results here")

@@ -28,7 +28,7 @@ def fake(tmp_path):
 def can_unshare_pid() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
-    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode == 0
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False).returncode == 0
 
 
 IN_NEW_PIDNS = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
@@ -80,7 +80,7 @@ def test_memory_tracks_live_holders_and_release_delay(fake):
     fake.kill(holder)
     # no reader looks: the driver daemon alone notices the death, at the moment the fds closed
     deaths = []
-    for _ in range(500):
+    for _attempt in range(500):
         deaths = fake.events("death")
         if len(deaths) == 2:
             break
@@ -127,7 +127,7 @@ def test_forked_child_keeps_the_allocation(fake):
     assert fake.used()[5] == 7004  # the forked child still has the device open
     for pid in child:
         os.kill(pid, 9)
-    for _ in range(200):
+    for _attempt in range(200):
         if fake.used()[5] == 4:
             break
         time.sleep(0.01)

@@ -56,7 +56,7 @@ def parse(proc_out: str) -> dict:
 
 def run_module(fake, tmp_path, prefix=None, check=False, **args):
     res = subprocess.run(list(prefix or []) + module_cmd(fake, tmp_path, check=check, **args), env=module_env(fake),
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     out = parse(res.stdout)
     assert (res.returncode != 0) == bool(out.get("failed")), res.stderr
     return out
@@ -127,11 +127,11 @@ def test_ansible_cli_runs_it(fake, tmp_path):
     common = [ansible, "localhost", "-m", "gpuops.repurpose.gpu_free_wait", "-a",
               json.dumps({"nvidia_smi_path": NVIDIA_SMI, "device_paths": [fake.device_glob], "gpus": ["5"],
                           "timeout": 5, "interval": 0.2, "max_used_mib": 512})]
-    checked = subprocess.run(common + ["--check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    checked = subprocess.run(common + ["--check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     res = json.loads(checked.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
     assert res["free"] is False and res["samples"] == 1 and not res.get("failed")
     fake.kill(holder)
-    real = subprocess.run(common, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    real = subprocess.run(common, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
     res = json.loads(real.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
     assert real.returncode == 0 and res["free"] is True and res["gpus"][0]["index"] == 5
 
@@ -194,7 +194,7 @@ def test_bad_input_names_the_option(fake, tmp_path, args, fragment):
 def can_unshare_pid() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
-    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode == 0
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, check=False).returncode == 0
 
 
 @pytest.mark.skipif(not can_unshare_pid(), reason="needs root and unshare --pid (a container's PID namespace)")
@@ -204,7 +204,7 @@ def test_blind_backend_still_finds_holders_through_proc(fake, tmp_path):
     script = ("%s %s hold --gpu 4 --mib 30000 >/dev/null & sleep 0.5; %s; kill $!"
               % (sys.executable, fakegpu.__file__, " ".join(args)))
     res = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script], env=module_env(fake),
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, check=False)
     out = parse(res.stdout)
     assert out["failed"] and out["gpus"][4]["memory_used_mib_after"] == 30004
     [holder] = out["holders"]
@@ -254,7 +254,7 @@ def test_container_scope_on_the_host(fake, tmp_path):
 def lab_status() -> dict:
     lab = os.path.join(ROOT, "tests", "lab", "lab")
     try:
-        res = subprocess.run([lab, "status"], capture_output=True, text=True, timeout=60)
+        res = subprocess.run([lab, "status"], capture_output=True, text=True, timeout=60, check=False)
         return json.loads(res.stdout)
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return {}
@@ -278,7 +278,7 @@ def test_lab_ct201_holder_does_not_block_container_200(tmp_path):
         env = dict(os.environ, FAKEGPU_DIR=fdir, PYTHONPATH=os.path.join(ROOT, ".collections"))
         args = module_args_file(str(tmp_path / "a.json"), gpus=["3"], container=200, _ansible_check_mode=True,
                                 nvidia_smi_path=NVIDIA_SMI, device_paths=[fdir + "/dev/nvidia*"])
-        res = subprocess.run([PYTHON, "-m", MODULE, args], env=env, capture_output=True, text=True, timeout=60)
+        res = subprocess.run([PYTHON, "-m", MODULE, args], env=env, capture_output=True, text=True, timeout=60, check=False)
         out = parse(res.stdout)
         ct201 = [h for h in out["ignored_holders"] if h["container"] == 201]
         assert ct201 and ct201[0]["ignored"] == "outside container 200 (CT201)" and ct201[0]["used_mib"] == 20000
@@ -290,14 +290,14 @@ def test_lab_ct201_holder_does_not_block_container_200(tmp_path):
         hold.wait()
         hold.stdout.close()
         if started:
-            subprocess.run(["lxc-stop", "-P", lxcpath, "-n", "201", "-k"], timeout=60)
+            subprocess.run(["lxc-stop", "-P", lxcpath, "-n", "201", "-k"], timeout=60, check=False)
 
 
 def ansible_check(host: str, args: dict) -> dict:
     env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
     res = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible"), "-i", "inventories/lab", host, "-m",
                           "gpuops.repurpose.gpu_free_wait", "-a", json.dumps(args), "--check"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
     return json.loads(res.stdout)["plays"][0]["tasks"][0]["hosts"][host]
 
 

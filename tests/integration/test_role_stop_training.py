@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -88,9 +89,11 @@ def ct(status: dict, *argv: str, timeout: float = 60, check: bool = True) -> sub
         "ssh", "-p", str(status["port"]), "-i", status["key"],
         "-o", "UserKnownHostsFile=" + status["known_hosts"], "-o", "StrictHostKeyChecking=yes",
         "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-        "root@" + status["host"], "pct", "exec", "200", "--",
+        "root@" + status["host"],
     ]
-    done = subprocess.run(ssh + list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+    # ssh hands the remote shell one string: quote the argv once for it.
+    remote = shlex.join(["pct", "exec", "200", "--", *argv])
+    done = subprocess.run(ssh + [remote], capture_output=True, text=True, timeout=timeout, check=False)
     if check:
         assert done.returncode == 0, "pct exec %s: %s%s" % (argv, done.stdout, done.stderr)
     return done

@@ -42,7 +42,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (  #
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
-PRECISE = r"^python3 /opt/lab/trainer/fake_trainer\.py "
+PRECISE = r"^\S*python3 /opt/lab/trainer/fake_trainer\.py "
 LADDER = [{"signal": "SIGINT", "timeout": 30}, {"signal": "SIGTERM", "timeout": 10}, {"signal": "SIGKILL", "timeout": 5}]
 
 

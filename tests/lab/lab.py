@@ -58,7 +58,8 @@ Deadline = _load_module_util("_wait").Deadline
 
 # ---------------------------------------------------------------- the lab's facts
 
-LAB_DIR = os.path.abspath(os.environ.get("GPUOPS_LAB_DIR", "/var/lib/gpuops-lab"))
+DEFAULT_LAB_DIR = "/var/lib/gpuops-lab"
+LAB_DIR = os.path.abspath(os.environ.get("GPUOPS_LAB_DIR", DEFAULT_LAB_DIR))
 CACHE_DIR = os.path.abspath(os.environ.get("GPUOPS_LAB_CACHE", "/var/cache/gpuops-lab"))
 LOCK_FILE = "/run/gpuops-lab-%s.lock" % hashlib.sha256(LAB_DIR.encode()).hexdigest()[:8]
 LXCPATH = os.path.join(LAB_DIR, "lxc")
@@ -560,8 +561,10 @@ def ensure_ssh_files() -> None:
         "MaxSessions 64",
         "AcceptEnv LANG LC_*",
         "Subsystem sftp internal-sftp",
-        "",
     ])
+    if LAB_DIR != DEFAULT_LAB_DIR:
+        config += "\nSetEnv GPUOPS_LAB_DIR=%s" % LAB_DIR  # tests/lab/pct finds a non-default lab dir
+    config += "\n"
     write_if_changed(SSHD_CONFIG, config)
     run(["/usr/sbin/sshd", "-t", "-f", SSHD_CONFIG])
 
@@ -588,6 +591,8 @@ def ensure_users(state: dict) -> None:
         # '*' = no password but not locked: sshd (UsePAM no) refuses '!' accounts
         run(["usermod", "-p", "*", user])
     rule = "# gpuops lab (tests/lab/lab): removed by 'lab down'\n%s ALL=(root) NOPASSWD: /usr/sbin/pct\n" % SUDO_USER
+    if LAB_DIR != DEFAULT_LAB_DIR:
+        rule += 'Defaults:%s env_keep += "GPUOPS_LAB_DIR"\n' % SUDO_USER
     tmp = SUDOERS + ".lab-new"
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(rule)

@@ -110,7 +110,7 @@ def parse_bool(cmd: str, name: str, value: str) -> bool:
         return True
     if low in ("0", "off", "no", "false"):
         return False
-    raise ParamError(cmd, "Parameter verification failed.", {name: "type check ('boolean') failed - got '%s'" % value})
+    raise ParamError(cmd, "unable to parse boolean option")
 
 
 def parse_args(cmd: str, args: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -132,11 +132,9 @@ def parse_args(cmd: str, args: list[str]) -> tuple[dict[str, str], list[str]]:
             if eq:
                 opts[name] = value
             elif known[name]:
-                # boolean: the value is optional, taken only when the next word is not an option
+                # boolean, Getopt ':s': the value is optional and is the next word unless that is an option
                 nxt = args[i + 1] if i + 1 < len(args) else None
-                if nxt is not None and not nxt.startswith("-") and nxt.lower() in (
-                    "0", "1", "on", "off", "yes", "no", "true", "false"
-                ):
+                if nxt is not None and not nxt.startswith("-"):
                     opts[name] = nxt
                     i += 1
                 else:
@@ -609,6 +607,9 @@ def main(argv: list[str]) -> int:
         return EXIT_ERR
     try:
         opts, rest = parse_args(cmd, args)
+        for name, value in opts.items():
+            if OPTIONS[cmd][name]:
+                parse_bool(cmd, name, value)  # get_options checks booleans before anything runs
         params = bind_positional(cmd, rest)
         return COMMANDS[cmd](params, opts)
     except PctError as exc:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) gpuops.repurpose contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -278,7 +277,7 @@ def _record_death(sdir: str, reg_path: str, rec: dict, t_death: float, by: str, 
 
 
 def _read_death(dead: str, default: float | None = None) -> float | None:
-    for _ in range(20):  # the writer may be between O_EXCL create and write
+    for _attempt in range(20):  # the writer may be between O_EXCL create and write
         try:
             with open(dead) as handle:
                 text = handle.read().strip()
@@ -405,7 +404,7 @@ def start_driver(sdir: str | None = None) -> int:
     log = open(os.path.join(sdir, "driver.log"), "ab")
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "driver"], env=dict(os.environ, FAKEGPU_DIR=sdir),
                             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
-    for _ in range(200):
+    for _attempt in range(200):
         if driver_pid(sdir) == proc.pid:
             break
         time.sleep(0.01)
@@ -509,7 +508,7 @@ def snapshot(sdir: str | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fakegpu.py", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="fakegpu.py", description=__doc__.split("\n", maxsplit=1)[0])
     parser.add_argument("--dir", default=None, help="state dir (default $FAKEGPU_DIR or %s)" % DEFAULT_DIR)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_init = sub.add_parser("init", help="create/refresh the state dir (idempotent)")

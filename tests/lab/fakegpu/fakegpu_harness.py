@@ -38,7 +38,7 @@ class FakeGpus:
             self.driver = subprocess.Popen([sys.executable, FAKEGPU, "driver"], env=self.env,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self.procs.append(self.driver)
-            for _ in range(500):
+            for _attempt in range(500):
                 if fakegpu.driver_pid(self.dir) == self.driver.pid:
                     break
                 time.sleep(0.01)
@@ -76,7 +76,7 @@ class FakeGpus:
 
     def smi(self, *args: str, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(list(prefix or []) + [NVIDIA_SMI, *args], env=self.env, capture_output=True,
-                              text=True, timeout=60)
+                              text=True, timeout=60, check=False)
 
     def events(self, kind: str | None = None) -> list[dict]:
         return [e for e in fakegpu.read_events(self.dir) if kind is None or e["event"] == kind]

@@ -126,3 +126,17 @@ def test_unreadable_source_at_run_time_names_the_source(tmp_path):
     cfg = load_config(fx.write_config(tmp_path, sources))
     with pytest.raises(DatagenError, match=r"sources\[3\]\.path: cannot read Parquet file"):
         run_prepare(cfg)
+    assert os.listdir(cfg.work_dir) == []  # no spool, no half-written prompts
+
+
+def test_hub_source_without_datasets_package_is_a_clear_error(tmp_path):
+    try:
+        import datasets  # noqa: F401
+
+        pytest.skip("the datasets package is installed here")
+    except ImportError:
+        pass
+    sources = [{"adapter": "metamath", "hub": {"repo": "meta-math/MetaMathQA", "revision": "a" * 40}}]
+    cfg = load_config(fx.write_config(tmp_path, sources, target_mix={"math": 1.0}))
+    with pytest.raises(DatagenError, match=r"sources\[0\]\.hub: reading from the Hub needs the `datasets` package"):
+        run_prepare(cfg)

@@ -137,3 +137,17 @@ def test_readers_jsonl_parquet_json_array(tmp_path):
     a = tmp_path / "a.json"
     a.write_text(json.dumps(rows))
     assert list(iter_file(str(a))) == rows
+
+
+def test_json_array_streams_across_chunk_boundaries():
+    import io
+
+    from datagen.sources import iter_json_array
+    from datagen.util import DatagenError
+
+    rows = [fx.metamath_row(i) for i in range(50)] + [{"n": 12345}]
+    text = " [\n" + ",\n  ".join(json.dumps(r) for r in rows) + "\n] \n"
+    for chunk in (1, 7, 64, 1 << 20):
+        assert list(iter_json_array(io.StringIO(text), "x", chunk=chunk)) == rows
+    with pytest.raises(DatagenError, match="not valid JSON"):
+        list(iter_json_array(io.StringIO(text[:-10]), "x", chunk=16))

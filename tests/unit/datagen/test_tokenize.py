@@ -192,3 +192,15 @@ def test_history_rendered_differently_leaves_earlier_turns_unsupervised(tmp_path
     assert res["rows_out"] == 1 and man["earlier_turns_unsupervised"] == 1
     assert supervised_text(tok, out[0]) == "It is simple.<|im_end|>\n"
     assert man["prompt_check"]["matched"] == 1  # the generation prompt carries the think block, as the server's
+
+
+def test_rows_of_prompts_dropped_by_a_later_prepare_are_left_out(tmp_path, tiny_tokenizer):
+    tok = load_tokenizer(tiny_tokenizer)
+    rows = [generated(tok, f"r{i}", [{"role": "user", "content": f"Explain idea number {i}."}], "It is simple.")
+            for i in range(4)]
+    cfg = make(tmp_path, tiny_tokenizer, rows)
+    with open(os.path.join(cfg.work_dir, "prompts.jsonl"), "w") as fh:
+        for r in rows[:3]:
+            fh.write(json.dumps({"id": r["id"], "messages": r["messages"][:1]}) + "\n")
+    man, out = shard_rows(run_tokenize(cfg)["dir"])
+    assert [r["id"] for r in out] == ["r0", "r1", "r2"] and man["skipped"] == {"not_in_prompts": 1}

@@ -12,6 +12,7 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "lab", "trainer"))
+import fake_trainer  # noqa: E402
 from harness import (  # noqa: E402
     TRAINER,
     Trainer,
@@ -20,8 +21,6 @@ from harness import (  # noqa: E402
     verify_checkpoint,
     wait_for,
 )
-
-import fake_trainer  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

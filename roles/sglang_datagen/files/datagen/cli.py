@@ -19,7 +19,12 @@ STAGES = ("prepare", "generate", "tokenize", "merge", "report", "status")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m datagen", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m datagen",
+        description="The data-expansion pipeline: prepare -> generate -> tokenize -> merge -> report "
+                    "(status while generate runs). Each stage prints a JSON summary and skips when unchanged.",
+        epilog="exit status: 0 done or unchanged, 1 the stage failed, 2 bad config or arguments",
+    )
     p.add_argument("--version", action="version", version=f"datagen {__version__}")
     sub = p.add_subparsers(dest="stage", required=True, metavar="SUBCOMMAND")
     helps = {

@@ -166,7 +166,7 @@ def run_merge(cfg: Any, force: bool = False) -> Dict[str, Any]:
             _write_tokenized(pending, renderer, cfg, stats, writer, after)
         writer.close()
     except BaseException:
-        writer.close()
+        writer.abort()
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     shards = [os.path.join(out_dir, os.path.basename(s)) for s in writer.shards]
@@ -197,7 +197,7 @@ def _write_tokenized(rows: List[Dict[str, Any]], renderer: Any, cfg: Any, stats:
                      writer: ShardWriter, after: Dict[str, int]) -> None:
     if not rows:
         return
-    done = tokenize_rows(rows, renderer, cfg.max_length, "all", stats)
+    done = tokenize_rows(rows, renderer, cfg.max_length, cfg.tokenize.supervise, stats)
     for r in done:
         r["origin"] = "existing"
         _bump(after, r["category"])

@@ -85,78 +85,82 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
     per_source: Dict[str, Dict[str, Any]] = {}
     manual = {s.name: s.count for s in cfg.sources if s.count is not None}
     spool_path = paths.in_work(work, paths.PREPARE_SPOOL)
-    with open(spool_path, "w", encoding="utf-8") as spool:
-        for index, spec in enumerate(cfg.sources):
-            stats = per_source[spec.name] = {"read": 0, "usable": 0, "unusable": {}}
-            unusable = stats["unusable"]
-            for raw in iter_source(spec, index):
-                stats["read"] += 1
-                try:
-                    if raw is None:
-                        raise Unusable("malformed_json")
-                    messages, tools, category = adapt(spec, raw)
-                    chars = sum(len(m["content"]) for m in messages)
-                    if chars < cfg.prepare.min_prompt_chars:
-                        raise Unusable("too_short")
-                    if chars > cfg.prepare.max_prompt_chars:
-                        raise Unusable("too_long")
-                    if category not in cfg.target_mix and spec.name not in manual:
-                        raise Unusable("category_not_targeted")
-                    canonical = canonical_prompt(messages, tools)
-                    key = hash64(canonical)
-                    if key in existing_keys:
-                        raise Unusable("duplicate_existing")
-                    if key in seen:
-                        raise Unusable("duplicate")
-                except Unusable as u:
-                    _bump(unusable, u.reason)
+    try:
+        with open(spool_path, "w", encoding="utf-8") as spool:
+            for index, spec in enumerate(cfg.sources):
+                stats = per_source[spec.name] = {"read": 0, "usable": 0, "unusable": {}}
+                unusable = stats["unusable"]
+                for raw in iter_source(spec, index):
+                    stats["read"] += 1
+                    try:
+                        if raw is None:
+                            raise Unusable("malformed_json")
+                        messages, tools, category = adapt(spec, raw)
+                        chars = sum(len(m["content"]) for m in messages)
+                        if chars < cfg.prepare.min_prompt_chars:
+                            raise Unusable("too_short")
+                        if chars > cfg.prepare.max_prompt_chars:
+                            raise Unusable("too_long")
+                        if category not in cfg.target_mix and spec.name not in manual:
+                            raise Unusable("category_not_targeted")
+                        canonical = canonical_prompt(messages, tools)
+                        key = hash64(canonical)
+                        if key in existing_keys:
+                            raise Unusable("duplicate_existing")
+                        if key in seen:
+                            raise Unusable("duplicate")
+                    except Unusable as u:
+                        _bump(unusable, u.reason)
+                        continue
+                    seen.add(key)
+                    row: Dict[str, Any] = {
+                        "id": stable_id(spec.name, messages, tools, canonical), "source": spec.name,
+                        "category": category, "messages": messages,
+                    }
+                    if tools:
+                        row["tools"] = tools
+                    rank = unit_interval(cfg.seed, row["id"])
+                    bucket = (spec.name, category)
+                    if bucket not in ranks:
+                        ranks[bucket] = array("Q")
+                        bucket_no[bucket] = len(bucket_no)
+                    ranks[bucket].append(rank)
+                    # "rank bucket<TAB>json": pass 2 decides from the prefix and copies the JSON untouched
+                    spool.write(f"{rank} {bucket_no[bucket]}\t{dumps(row)}\n")
+                    stats["usable"] += 1
+
+        available = {k: len(v) for k, v in ranks.items()}
+        weights = {s.name: s.weight for s in cfg.sources}
+        the_plan = quota.plan(existing_counts, cfg.target_mix, cfg.target_total, available, weights, manual,
+                              downsample=cfg.merge.allow_downsample)
+        take: Dict[Tuple[str, str], int] = the_plan["take"]  # type: ignore[assignment]
+        thresholds = {k: _kth_smallest(ranks[k], n) for k, n in take.items() if n > 0}
+        del ranks
+
+        written: Dict[str, int] = {}
+        by_cat: Dict[str, int] = {}
+        buckets = {no: b for b, no in bucket_no.items()}
+        taken = {no: 0 for no in buckets}
+        limits = {no: take.get(b, 0) for no, b in buckets.items()}
+        cut = {no: thresholds.get(b, -1) for no, b in buckets.items()}
+        with AtomicWriter(out_path) as out, open(spool_path, encoding="utf-8") as spool_in:
+            for line in spool_in:
+                head, _, body = line.partition("\t")
+                rank_s, no_s = head.split(" ")
+                no = int(no_s)
+                if taken[no] >= limits[no] or int(rank_s) > cut[no]:
                     continue
-                seen.add(key)
-                row: Dict[str, Any] = {
-                    "id": stable_id(spec.name, messages, tools, canonical), "source": spec.name,
-                    "category": category, "messages": messages,
-                }
-                if tools:
-                    row["tools"] = tools
-                rank = unit_interval(cfg.seed, row["id"])
-                bucket = (spec.name, category)
-                if bucket not in ranks:
-                    ranks[bucket] = array("Q")
-                    bucket_no[bucket] = len(bucket_no)
-                ranks[bucket].append(rank)
-                # "rank bucket<TAB>json": pass 2 decides from the prefix and copies the JSON untouched
-                spool.write(f"{rank} {bucket_no[bucket]}\t{dumps(row)}\n")
-                stats["usable"] += 1
-
-    available = {k: len(v) for k, v in ranks.items()}
-    weights = {s.name: s.weight for s in cfg.sources}
-    the_plan = quota.plan(existing_counts, cfg.target_mix, cfg.target_total, available, weights, manual,
-                          downsample=cfg.merge.allow_downsample)
-    take: Dict[Tuple[str, str], int] = the_plan["take"]  # type: ignore[assignment]
-    thresholds = {k: _kth_smallest(ranks[k], n) for k, n in take.items() if n > 0}
-    del ranks
-
-    written: Dict[str, int] = {}
-    by_cat: Dict[str, int] = {}
-    buckets = {no: b for b, no in bucket_no.items()}
-    taken = {no: 0 for no in buckets}
-    limits = {no: take.get(b, 0) for no, b in buckets.items()}
-    cut = {no: thresholds.get(b, -1) for no, b in buckets.items()}
-    with AtomicWriter(out_path) as out, open(spool_path, encoding="utf-8") as spool_in:
-        for line in spool_in:
-            head, _, body = line.partition("\t")
-            rank_s, no_s = head.split(" ")
-            no = int(no_s)
-            if taken[no] >= limits[no] or int(rank_s) > cut[no]:
-                continue
-            taken[no] += 1
-            out.write(body)
-    for no, n in taken.items():
-        if n:
-            src, cat = buckets[no]
-            _bump(written, src, n)
-            _bump(by_cat, cat, n)
-    os.unlink(spool_path)
+                taken[no] += 1
+                out.write(body)
+        for no, n in taken.items():
+            if n:
+                src, cat = buckets[no]
+                _bump(written, src, n)
+                _bump(by_cat, cat, n)
+    finally:
+        # the spool holds every usable row: never leave it behind, also after a failed read
+        if os.path.exists(spool_path):
+            os.unlink(spool_path)
 
     total_written = sum(written.values())
     merged = dict(existing_counts)

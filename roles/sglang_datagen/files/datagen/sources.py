@@ -339,17 +339,55 @@ def iter_file(path: str) -> Iterator[Any]:
             head = fh.read(1)
             while head and head.isspace():
                 head = fh.read(1)
-        if head == b"[":  # a JSON array file, as hermes-function-calling-v1 ships; these are tens of MB
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    data = json.load(fh)
-            except ValueError as exc:
-                raise DatagenError(f"not valid JSON: {path}: {exc}") from None
-            yield from data
+        if head == b"[":  # a JSON array file, as hermes-function-calling-v1 and MetaMathQA ship
+            with open(path, encoding="utf-8") as fh:
+                yield from iter_json_array(fh, path)
             return
     from datagen.util import iter_jsonl
 
     for _, obj in iter_jsonl(path, tolerate_torn_tail=False):
+        yield obj
+
+
+def iter_json_array(fh: Any, name: str, chunk: int = 1 << 20) -> Iterator[Any]:
+    """Elements of a top-level JSON array, decoded one at a time (MetaMathQA's 395K-row file is one array:
+    ``json.load`` would hold all of it in memory)."""
+    decoder = json.JSONDecoder()
+    buf, pos, eof = "", 0, False
+    started = False
+
+    def more() -> bool:
+        nonlocal buf, pos, eof
+        data = fh.read(chunk)
+        if not data:
+            eof = True
+            return False
+        buf, pos = buf[pos:] + data, 0
+        return True
+
+    while True:
+        while pos < len(buf) and (buf[pos].isspace() or (started and buf[pos] == ",")):
+            pos += 1
+        if pos >= len(buf):
+            if not more():
+                raise DatagenError(f"not valid JSON: {name}: the array is not closed")
+            continue
+        if not started:
+            if buf[pos] != "[":
+                raise DatagenError(f"not valid JSON: {name}: expected an array")
+            started, pos = True, pos + 1
+            continue
+        if buf[pos] == "]":
+            return
+        try:
+            obj, end = decoder.raw_decode(buf, pos)
+        except ValueError as exc:
+            if not eof and more():
+                continue
+            raise DatagenError(f"not valid JSON: {name}: {exc}") from None
+        if end == len(buf) and not eof and more():
+            continue  # a value ending exactly at the buffer's end may be cut short: decode it again
+        pos = end
         yield obj
 
 

@@ -26,7 +26,16 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from datagen import __version__, paths
-from datagen.util import DatagenError, file_stamp, fingerprint, iter_jsonl, peak_rss_mib, read_json, write_json
+from datagen.util import (
+    DatagenError,
+    file_stamp,
+    fingerprint,
+    hash64,
+    iter_jsonl,
+    peak_rss_mib,
+    read_json,
+    write_json,
+)
 
 SCHEMA_FIELDS = ("id", "source", "category", "input_ids", "loss_mask", "num_tokens", "num_supervised",
                  "truncated", "finish_reason")
@@ -126,10 +135,20 @@ def _bump(d: Dict[str, int], key: str, by: int = 1) -> None:
     d[key] = d.get(key, 0) + by
 
 
-def _rows(path: str, stats: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
-    seen: set = set()
-    from datagen.util import hash64
+def _prompt_ids(path: str) -> Optional[set]:
+    """Hashed ids of the current prompts.jsonl (None when absent): generated rows of prompts that a
+    later prepare run dropped must not reach the training data."""
+    if not os.path.exists(path):
+        return None
+    ids = set()
+    for _, row in iter_jsonl(path):
+        if isinstance(row, dict) and row.get("id"):
+            ids.add(hash64(str(row["id"])))
+    return ids
 
+
+def _rows(path: str, stats: Dict[str, Any], wanted: Optional[set] = None) -> Iterator[Dict[str, Any]]:
+    seen: set = set()
     for _, row in iter_jsonl(path):
         stats["rows_in"] += 1
         if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not row.get("id"):
@@ -139,12 +158,17 @@ def _rows(path: str, stats: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
         if key in seen:
             _bump(stats["skipped"], "duplicate_id")
             continue
+        if wanted is not None and key not in wanted:
+            _bump(stats["skipped"], "not_in_prompts")
+            continue
         seen.add(key)
         yield row
 
 
 class ShardWriter:
-    """Parquet shards of at most ``shard_rows`` rows, written batch by batch (bounded memory)."""
+    """Parquet shards of at most ``shard_rows`` rows, written in row groups (bounded memory)."""
+
+    ROW_GROUP = 4096
 
     def __init__(self, out_dir: str, shard_rows: int, with_origin: bool = False) -> None:
         import pyarrow as pa
@@ -164,27 +188,44 @@ class ShardWriter:
         self.writer = None
         self.in_shard = 0
         self.shards: List[str] = []
+        self.buffer: List[Dict[str, Any]] = []
 
     def write(self, rows: List[Dict[str, Any]]) -> None:
+        """Buffer rows; a row group goes out per ``ROW_GROUP`` rows (one per call would make tiny groups)."""
+        self.buffer.extend(rows)
+        while len(self.buffer) >= self.ROW_GROUP:
+            self._flush(self.ROW_GROUP)
+
+    def _flush(self, limit: int) -> None:
         import pyarrow.parquet as pq
 
+        rows, self.buffer = self.buffer[:limit], self.buffer[limit:]
         while rows:
             if self.writer is None or self.in_shard >= self.shard_rows:
-                self.close()
+                self._close_writer()
                 path = os.path.join(self.out_dir, f"shard-{len(self.shards):05d}.parquet")
                 self.writer = pq.ParquetWriter(path, self.schema, compression="zstd")
                 self.shards.append(path)
                 self.in_shard = 0
             room = self.shard_rows - self.in_shard
             part, rows = rows[:room], rows[room:]
-            table = self.pa.Table.from_pylist(part, schema=self.schema)
-            self.writer.write_table(table)
+            self.writer.write_table(self.pa.Table.from_pylist(part, schema=self.schema))
             self.in_shard += len(part)
 
-    def close(self) -> None:
+    def _close_writer(self) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+
+    def close(self) -> None:
+        """Write what is buffered and close the last shard."""
+        if self.buffer:
+            self._flush(len(self.buffer))
+        self._close_writer()
+
+    def abort(self) -> None:
+        self.buffer = []
+        self._close_writer()
 
 
 def tokenize_fingerprint(cfg: Any, src: str) -> str:
@@ -192,8 +233,9 @@ def tokenize_fingerprint(cfg: Any, src: str) -> str:
     if cfg.tokenizer and os.path.isdir(cfg.tokenizer):
         tok_stamp = [file_stamp(os.path.join(cfg.tokenizer, f)) for f in sorted(os.listdir(cfg.tokenizer))
                      if os.path.isfile(os.path.join(cfg.tokenizer, f))]
+    prompts = paths.in_work(cfg.work_dir, paths.PROMPTS)
     return fingerprint(["tokenize", __version__, file_stamp(src), tok_stamp, cfg.max_length, cfg.tokenize.__dict__,
-                        template_kwargs(cfg.raw)])
+                        template_kwargs(cfg.raw), file_stamp(prompts) if os.path.exists(prompts) else None])
 
 
 def tokenize_rows(
@@ -310,7 +352,8 @@ def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Di
     opts = cfg.tokenize
     try:
         batch: List[Dict[str, Any]] = []
-        for row in _rows(src, stats):
+        wanted = _prompt_ids(paths.in_work(cfg.work_dir, paths.PROMPTS))
+        for row in _rows(src, stats, wanted):
             batch.append(row)
             if len(batch) >= opts.batch_size:
                 done = tokenize_rows(batch, renderer, cfg.max_length, opts.supervise, stats, opts.prompt_check,
@@ -324,7 +367,7 @@ def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Di
         writer.write(done)
         writer.close()
     except BaseException:
-        writer.close()
+        writer.abort()
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     final_shards = [os.path.join(out_dir, os.path.basename(s)) for s in writer.shards]

@@ -97,6 +97,12 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class AtomicWriter:
     """Write to a temp file in the target's directory, fsync, rename over the target on success."""
 
@@ -105,6 +111,7 @@ class AtomicWriter:
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         fd, self.tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+        os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual mode
         self.fh = os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
 
     def __enter__(self):

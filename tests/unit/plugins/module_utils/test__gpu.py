@@ -146,7 +146,7 @@ def test_discount_only_known_memory_of_ignored_or_out_of_scope_processes():
     gpus = gpus_of(80004, 30004)
     procs = (GpuProcess(10, gpus[0].uuid, 80000), GpuProcess(11, gpus[1].uuid, 20000),
              GpuProcess(12, gpus[1].uuid, 10000), GpuProcess(13, gpus[1].uuid, None))
-    sample = Sample(t=0, gpus=tuple(gpus), processes=procs, backend="x")
+    sample = Sample(at=0, gpus=tuple(gpus), processes=procs, backend="x")
     table = {10: P("python3", "0::/lxc/200/ns/user.slice"), 11: P("python3", "0::/lxc.payload.201/init.scope"),
              12: P("Xorg"), 13: P("python3", "0::/lxc/201/ns")}
     lookup = table.get
@@ -191,12 +191,12 @@ def run_wait(busy_until, timeout=10.0, interval=1.0, delay=0.0, stable_for=1, pa
 
     def sample_fn():
         calls.append(clock.now)
-        return Sample(t=clock.now, gpus=(), processes=(), backend="x")
+        return Sample(at=clock.now, gpus=(), processes=(), backend="x")
 
     def free_fn(sample):
         if pattern is not None:
             return pattern[len(calls) - 1], {}
-        return sample.t >= busy_until, {}
+        return sample.at >= busy_until, {}
 
     waiter = _gpu.Waiter(timeout=timeout, interval=interval, delay=delay, stable_for=stable_for,
                          sleep=clock.sleep, clock=clock.clock)
@@ -204,18 +204,18 @@ def run_wait(busy_until, timeout=10.0, interval=1.0, delay=0.0, stable_for=1, pa
 
 
 def test_wait_free_at_once_takes_stable_for_samples():
-    result, calls, _ = run_wait(busy_until=0, stable_for=3)
+    result, calls, _clock = run_wait(busy_until=0, stable_for=3)
     assert result.free and result.samples == 3 and not result.timed_out
 
 
 def test_wait_detects_release_at_the_next_sample():
-    result, calls, _ = run_wait(busy_until=1003.5, interval=0.5)
+    result, calls, _clock = run_wait(busy_until=1003.5, interval=0.5)
     assert result.free
     assert calls[-1] == 1003.5 and calls[-2] == 1003.0  # the first sample after the release ends it
 
 
 def test_wait_stable_for_restarts_on_a_dip():
-    result, calls, _ = run_wait(busy_until=None, stable_for=2, pattern=[True, False, True, True])
+    result, calls, _clock = run_wait(busy_until=None, stable_for=2, pattern=[True, False, True, True])
     assert result.free and result.samples == 4
 
 
@@ -228,7 +228,7 @@ def test_wait_times_out_bounded_and_delay_counts():
 
 
 def test_wait_timeout_zero_samples_once():
-    result, calls, _ = run_wait(busy_until=10 ** 9, timeout=0)
+    result, calls, _clock = run_wait(busy_until=10 ** 9, timeout=0)
     assert result.samples == 1 and not result.free
 
 
@@ -237,7 +237,7 @@ def test_check_mode_waiter_samples_once_even_when_busy():
 
     def sample_fn():
         calls.append(1)
-        return Sample(t=time.time(), gpus=(), processes=(), backend="x")
+        return Sample(at=time.time(), gpus=(), processes=(), backend="x")
 
     result = _gpu.CheckModeWaiter().wait(sample_fn, lambda s: (False, {}))
     assert calls == [1] and result.samples == 1 and not result.free and not result.timed_out
@@ -250,7 +250,7 @@ def test_deferred_processes_are_fetched_once():
         fetched.append(1)
         return (GpuProcess(1, U0, 5),), "note"
 
-    sample = Sample(t=0, gpus=(), processes=None, backend="x", fetch=fetch)
+    sample = Sample(at=0, gpus=(), processes=None, backend="x", fetch=fetch)
     sample.ensure_processes()
     sample.ensure_processes()
     assert fetched == [1] and sample.processes == (GpuProcess(1, U0, 5),) and sample.notes == ("note",)
@@ -330,8 +330,8 @@ def test_classify_and_merge(devices, spawn, tmp_path):
     idle = spawn(devices / "nvidia3")
     gpus = gpus_of(80004, 300, 4, 4)
     found = _gpu.scan_holders([str(devices / "nvidia*")])
-    sample = Sample(t=0, gpus=tuple(gpus), processes=(GpuProcess(train.pid, gpus[0].uuid, 80000),
-                                                      GpuProcess(3999999, gpus[0].uuid, 10)), backend="x")
+    procs = (GpuProcess(train.pid, gpus[0].uuid, 80000), GpuProcess(3999999, gpus[0].uuid, 10))
+    sample = Sample(at=0, gpus=tuple(gpus), processes=procs, backend="x")
     merged, foreign = _gpu.merge_backend_processes(found, sample, gpus, read_process)
     assert foreign == [{"pid": 3999999, "name": "", "gpu_uuid": gpus[0].uuid, "used_mib": 10}]
     counted, ignored = _gpu.classify_holders(merged, gpus[:2], ["Xorg"], None, read_process)
@@ -353,7 +353,7 @@ def test_resolve_nvidia_smi(tmp_path):
 
 
 def test_run_command_bounded_and_c_locale(tmp_path):
-    rc, out, _ = _gpu.run_command(["sh", "-c", "echo $LC_ALL"], 5)
+    rc, out, _err = _gpu.run_command(["sh", "-c", "echo $LC_ALL"], 5)
     assert (rc, out) == (0, "C\n")
     with pytest.raises(GpuError, match="did not answer within 0.5 s"):
         _gpu.run_command(["sleep", "5"], 0.5)

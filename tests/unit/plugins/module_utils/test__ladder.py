@@ -10,7 +10,6 @@ import textwrap
 import time
 
 import pytest
-
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     LadderError,
     ProcessSet,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     Pane,
@@ -13,6 +12,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     broad_match_reason,
     closure,
     compile_regex,
+    is_interactive_shell,
     job_groups,
     parse_panes,
     parse_pid_file,
@@ -183,10 +183,29 @@ def test_container_scope_and_container_init_protected():
         run_select(tbl, self_pid=77, ancestors=[1], pids=[5000])
 
 
-def test_tmux_panes_are_roots():
+def test_tmux_pane_shell_is_left_alone_what_runs_in_it_is_the_job():
     sel = run_select(panes=[Pane("%0", 100)], self_pid=7777, ancestors=[1])
-    # the pane's shell and its whole tree, including the editor, because the pane *is* the job
-    assert sel.members[100].how == "tmux_session" and {200, 201, 202, 300} <= set(sel.members)
+    # bash (100) is the pane's prompt: its children are the roots, the shell itself is never signalled
+    assert 100 not in sel.members and {200, 201, 202, 300} <= set(sel.members)
+    assert sel.members[200].how == "tmux_session" and sel.members[200].depth == 0
+    assert "its shell (pid 100) is left running" in sel.notes[0]
+
+
+def test_tmux_pane_running_a_command_is_the_job():
+    tbl = dict(BOX)
+    tbl[600] = proc(600, 1, "sh -c python3 %s --ckpt-dir /x" % TRAIN, sid=600)
+    tbl[601] = proc(601, 600, "python3 %s --ckpt-dir /x" % TRAIN, sid=600, pgid=600)
+    sel = run_select(tbl, panes=[Pane("%1", 600)], self_pid=7777, ancestors=[1])
+    assert sorted(sel.members) == [600, 601] and sel.members[600].how == "tmux_session"
+
+
+@pytest.mark.parametrize("cmd, shell", [
+    (["-bash"], True), (["bash"], True), (["/bin/zsh", "-l"], True), (["bash", "--norc", "-i"], True),
+    (["sh", "-c", "python3 x.py"], False), (["bash", "-lc", "x"], False), (["bash", "run.sh"], False),
+    (["python3"], False), ([], False),
+])
+def test_is_interactive_shell(cmd, shell):
+    assert is_interactive_shell(cmd) is shell
 
 
 def test_parse_panes_exact_session_and_argv():

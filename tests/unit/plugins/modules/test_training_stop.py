@@ -261,10 +261,16 @@ def test_without_sigkill_survivors_fail_the_module(job):
 
 @pytest.fixture
 def tmux_job(job, decoys):
-    def make(behaviour, **kwargs):
+    def make(behaviour, typed=False, **kwargs):
         trainer = job(behaviour, start=False, **kwargs)
         command = " ".join(trainer.argv) + " > %s 2>&1" % trainer.log_path
-        decoys["tmux"].new_session("dflash", command)
+        if typed:
+            # as the operator did: a shell in the pane, the command typed at its prompt
+            decoys["tmux"].new_session("dflash", "bash --norc -i")
+            decoys["tmux"].run("send-keys", "-t", "=dflash:", "-l", command)
+            decoys["tmux"].run("send-keys", "-t", "=dflash:", "Enter")
+        else:
+            decoys["tmux"].new_session("dflash", command)
         trainer.wait_ready()
         return trainer
 
@@ -280,6 +286,19 @@ def test_tmux_ctrl_c_stops_graceful_and_spares_the_other_session(tmux_job, decoy
     assert result["stopped_by"] == "SIGINT via tmux" and len(result["rungs"][0]["targets"]) == 1
     assert result["selected"][0]["how"] == "tmux_session"
     assert decoys["pane"] not in pids_of(result)
+    assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
+
+
+def test_tmux_typed_at_a_shell_prompt_stops_job_keeps_shell(tmux_job, decoys):
+    trainer = tmux_job("graceful", typed=True)
+    shell = decoys["tmux"].pane_pids("dflash")[0]
+    launcher = trainer.launcher()
+    result = run_module({"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
+        {"signal": "INT", "timeout": 5, "via": "tmux"}, {"signal": "TERM", "timeout": 2}, {"signal": "KILL", "timeout": 5}]})
+    assert result["rc"] == 0, result
+    assert result["stopped_by"] == "SIGINT via tmux" and shell not in pids_of(result)
+    assert result["selected"][0]["pid"] == launcher and result["selected"][0]["how"] == "tmux_session"
+    assert alive(shell) and decoys["tmux"].pane_pids("dflash") == [shell]
     assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
 
 

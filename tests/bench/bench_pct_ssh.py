@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Benchmark: the same 30 trivial tasks against CT200 in the lab, side by side.
+
+    .venv/bin/python tests/bench/bench_pct_ssh.py [--tasks 30] [--rounds 3] [--json FILE]
+
+Contenders, run interleaved round by round so machine load hits all alike:
+  pct_ssh_pipelined   gpuops.repurpose.pct_ssh, pipelining on (its default)
+  pct_ssh_plain       gpuops.repurpose.pct_ssh, pipelining off
+  pct_remote          community.proxmox.proxmox_pct_remote (the peer to beat)
+  raw_pct_exec        ansible.builtin.raw "pct exec 200 -- true" over OpenSSH (no module at all)
+  openssh_host        ansible.builtin.ssh running the same module on the PVE host itself, pipelined
+                      (no container hop: the floor for "a module over SSH")
+
+Every contender runs ``ansible.builtin.command: /bin/true`` (raw: the pct exec
+line). Per-task wall time comes from the JSON callback's task start/end stamps;
+the report gives the median per contender and the ratios. Goal (issue 3):
+pct_ssh pipelined >= 3x faster than proxmox_pct_remote and within 1.2x of
+openssh_host. Needs the lab (tests/lab/lab up); it never brings it down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "tests" / "lab" / "lab"
+BIN = Path(sys.executable).parent
+
+
+def lab_status() -> dict:
+    done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60)
+    status = json.loads(done.stdout)
+    if not status.get("up") or status["containers"].get("200") != "running":
+        sys.exit("the CT200 lab is not up: run tests/lab/lab up")
+    return status
+
+
+def contenders(status: dict, cp_dir: str) -> dict:
+    ssh_common = "-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes" % status["known_hosts"]
+    base = dict(ansible_host=status["host"], ansible_port=status["port"], ansible_user="root",
+                ansible_ssh_private_key_file=status["key"], ansible_python_interpreter="/usr/bin/python3")
+    pct_ssh = dict(base, ansible_connection="gpuops.repurpose.pct_ssh", proxmox_vmid=200,
+                   ansible_pct_ssh_known_hosts_file=status["known_hosts"], ansible_pct_ssh_control_path_dir=cp_dir)
+    openssh = dict(base, ansible_connection="ansible.builtin.ssh", ansible_ssh_common_args=ssh_common)
+    return {
+        "pct_ssh_pipelined": (dict(pct_ssh, ansible_pipelining=True), "command"),
+        "pct_ssh_plain": (dict(pct_ssh, ansible_pipelining=False), "command"),
+        # proxmox_pct_remote reads only ~/.ssh/known_hosts; on the loopback lab we let it skip the check
+        "pct_remote": (dict(base, ansible_connection="community.proxmox.proxmox_pct_remote", proxmox_vmid=200,
+                            ansible_host_key_checking=False, ansible_pipelining=False), "command"),
+        "raw_pct_exec": (dict(openssh, ansible_pipelining=True), "raw"),
+        "openssh_host": (dict(openssh, ansible_pipelining=True), "command"),
+    }
+
+
+def playbook(kind: str, n: int) -> str:
+    task = ('    - name: t{i}\n      ansible.builtin.raw: /usr/sbin/pct exec 200 -- /bin/true\n' if kind == "raw"
+            else '    - name: t{i}\n      ansible.builtin.command: /bin/true\n')
+    return "- hosts: all\n  gather_facts: false\n  tasks:\n" + "".join(task.format(i=i) for i in range(n))
+
+
+def stamp(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def run_once(tmp: Path, name: str, hostvars: dict, kind: str, n: int) -> list:
+    inv = tmp / ("%s.json" % name)
+    inv.write_text(json.dumps({"all": {"hosts": {"ct200": hostvars}}}))
+    pb = tmp / ("%s_%s.yml" % (kind, n))
+    pb.write_text(playbook(kind, n))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(pb)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=1800)
+    data = json.loads(done.stdout)
+    times = []
+    for task in data["plays"][0]["tasks"]:
+        res = task["hosts"]["ct200"]
+        if res.get("failed") or res.get("unreachable"):
+            raise SystemExit("%s failed: %s" % (name, res.get("msg")))
+        d = task["task"]["duration"]
+        times.append(stamp(d["end"]) - stamp(d["start"]))
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", nargs="*", help="a subset of contenders")
+    ap.add_argument("--json", help="also write the numbers here")
+    args = ap.parse_args()
+    status = lab_status()
+    with tempfile.TemporaryDirectory(prefix="bench_pct_ssh_") as tmpdir:
+        tmp = Path(tmpdir)
+        table = contenders(status, str(tmp / "cp"))
+        names = [n for n in table if not args.only or n in args.only]
+        per: dict = {n: [] for n in names}
+        for rnd in range(args.rounds):
+            for name in names:
+                hostvars, kind = table[name]
+                times = run_once(tmp, name, hostvars, kind, args.tasks)
+                per[name] += times
+                print("round %d %-18s median %.3f s/task" % (rnd + 1, name, statistics.median(times)), flush=True)
+        subprocess.run([str(BIN / "python"), "-c", "import sys"], check=True)
+    med = {n: statistics.median(v) for n, v in per.items()}
+    print("\n%-18s %10s %10s" % ("contender", "median s", "tasks"))
+    for n in names:
+        print("%-18s %10.3f %10d" % (n, med[n], len(per[n])))
+    ratios = {}
+    if "pct_remote" in med:
+        for n in names:
+            if n.startswith("pct_ssh"):
+                ratios["pct_remote/%s" % n] = med["pct_remote"] / med[n]
+    if "openssh_host" in med:
+        for n in names:
+            if n.startswith("pct_ssh"):
+                ratios["%s/openssh_host" % n] = med[n] / med["openssh_host"]
+    if "raw_pct_exec" in med and "pct_ssh_pipelined" in med:
+        ratios["pct_ssh_pipelined/raw_pct_exec"] = med["pct_ssh_pipelined"] / med["raw_pct_exec"]
+    print()
+    for k, v in ratios.items():
+        print("%-36s %6.2fx" % (k, v))
+    if "pct_remote/pct_ssh_pipelined" in ratios:
+        print("\ngoal >= 3x faster than proxmox_pct_remote: %s" % ("met" if ratios["pct_remote/pct_ssh_pipelined"] >= 3 else "NOT met"))
+    if "pct_ssh_pipelined/openssh_host" in ratios:
+        print("goal within 1.2x of pipelined OpenSSH on the host: %s" % ("met" if ratios["pct_ssh_pipelined/openssh_host"] <= 1.2 else "NOT met"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"median_s": med, "ratios": ratios, "samples": per, "tasks": args.tasks,
+                                               "rounds": args.rounds}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Bad inputs through pct_ssh against the lab: each ends in its documented error, with nothing run.
+
+One ansible-playbook run, one inventory host per case, each trying to create a
+marker file in CT200 (or CT201). Afterwards the markers are looked for through
+a good connection, and CT201 must still be stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_pct_ssh import base_vars, lab_status, run_playbook  # noqa: E402
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
+
+
+def cases(status: dict, tmp: Path) -> dict:
+    wrong_key = tmp / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True)
+    empty_known = tmp / "empty_known_hosts"
+    empty_known.write_text("")
+    return {
+        "vmid_injection": (base_vars(status, proxmox_vmid="200; reboot"), ["proxmox_vmid"]),
+        "vmid_missing": (base_vars(status, proxmox_vmid=999), ["container 999 does not exist on 127.0.0.1"]),
+        "ct_stopped": (base_vars(status, proxmox_vmid=201), ["container 201 on", "is stopped", "ensure_running"]),
+        "wrong_key": (base_vars(status, ansible_ssh_private_key_file=str(wrong_key), ansible_pct_ssh_look_for_keys=False),
+                      ["login to the Proxmox VE host 127.0.0.1:%s as root failed" % status["port"]]),
+        "unknown_host_key": (base_vars(status, ansible_pct_ssh_known_hosts_file=str(empty_known)),
+                             ["is not in %s" % empty_known, "SHA256:", "host_key_auto_add"]),
+        "sudo_rule_missing": (base_vars(status, ansible_user="pvenosudo"),
+                              ["host user pvenosudo may not run pct", "`pvenosudo ALL=(root) NOPASSWD: /usr/sbin/pct`"]),
+        "unreachable": (base_vars(status, ansible_port=1), ["cannot reach the Proxmox VE host 127.0.0.1:1"]),
+    }
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory):
+    status = lab_status()
+    if status["containers"].get("201") != "stopped":
+        pytest.skip("CT201 is not stopped (another test started it)")
+    tmp = tmp_path_factory.mktemp("pct_ssh_errors")
+    table = cases(status, tmp)
+    recorded = tmp / "recorded_known_hosts"
+    hosts = {name: dict(v[0]) for name, v in table.items()}
+    # the one good case: accept and record an unknown host key when told to
+    hosts["auto_add"] = base_vars(status, ansible_pct_ssh_known_hosts_file=str(recorded), ansible_pct_ssh_host_key_auto_add=True)
+    play = """
+- hosts: all
+  gather_facts: false
+  ignore_unreachable: true
+  ignore_errors: true
+  tasks:
+    - name: try
+      ansible.builtin.raw: touch /tmp/pct_ssh_marker_{{ inventory_hostname }}
+- hosts: auto_add
+  gather_facts: false
+  tasks:
+    - name: markers
+      ansible.builtin.find:
+        paths: /tmp
+        patterns: pct_ssh_marker_*
+    - name: remove markers
+      ansible.builtin.shell: rm -f /tmp/pct_ssh_marker_*
+"""
+    results = run_playbook(tmp, hosts, play, timeout=240)
+    return table, results, recorded, status
+
+
+@pytest.mark.parametrize(
+    "case", ["vmid_injection", "vmid_missing", "ct_stopped", "wrong_key", "unknown_host_key", "sudo_rule_missing", "unreachable"]
+)
+def test_documented_error(outcome, case):
+    table, results, _, _ = outcome
+    r = results["try"][case]
+    assert r.get("failed") or r.get("unreachable"), r
+    for fragment in table[case][1]:
+        assert fragment in r["msg"], r["msg"]
+
+
+def test_nothing_ran_for_any_bad_input(outcome):
+    _, results, _, _ = outcome
+    found = sorted(os.path.basename(f["path"]) for f in results["markers"]["auto_add"]["files"])
+    assert found == ["pct_ssh_marker_auto_add"]
+
+
+def test_unknown_host_key_accepted_and_recorded_only_when_asked(outcome):
+    _, results, recorded, status = outcome
+    assert results["try"]["auto_add"]["rc"] == 0
+    line = recorded.read_text().split()
+    assert line[0] == "[%s]:%s" % (status["host"], status["port"])
+    known = open(status["known_hosts"]).read()
+    assert line[2] in known  # the very key the lab's known_hosts holds
+
+
+def test_stopped_container_was_not_started(outcome):
+    done = subprocess.run([str(Path(__file__).resolve().parents[2] / "tests" / "lab" / "lab"), "status"],
+                          capture_output=True, text=True, timeout=60)
+    assert json.loads(done.stdout)["containers"]["201"] == "stopped"
