@@ -391,6 +391,7 @@ all:
 #         ansible_pct_ssh_command_timeout: 7200
 """
 
+import getpass  # noqa: E402
 import os  # noqa: E402
 import stat  # noqa: E402
 import typing as t  # noqa: E402
@@ -413,7 +414,14 @@ class Connection(ConnectionBase):
 
     transport = "gpuops.repurpose.pct_ssh"
     has_pipelining = True
-    has_tty = False  # become prompts are not answered (see notes)
+
+    @property
+    def has_tty(self) -> bool:  # type: ignore[override]
+        """Only with ``pty`` set: a become plugin that needs a terminal is refused otherwise."""
+        try:
+            return bool(self.get_option("pty"))
+        except KeyError:
+            return False
 
     def __init__(self, *args: t.Any, **kwargs: t.Any) -> None:
         super().__init__(*args, **kwargs)
@@ -434,7 +442,8 @@ class Connection(ConnectionBase):
             raise AnsibleError("pct_ssh: %s" % e) from None
 
     def _user(self) -> str:
-        return self.get_option("remote_user") or "root"
+        # like ssh: no remote_user means the controller's own user name (not necessarily root)
+        return self.get_option("remote_user") or getpass.getuser()
 
     def _prefix(self) -> t.List[str]:
         try:
@@ -446,7 +455,7 @@ class Connection(ConnectionBase):
         return _pct_ssh.Settings(
             host=self.get_option("remote_addr"),
             port=int(self.get_option("port") or 22),
-            user=self.get_option("remote_user"),
+            user=self._user(),
             password=self.get_option("password"),
             key_filename=self.get_option("private_key_file"),
             look_for_keys=self.get_option("look_for_keys"),

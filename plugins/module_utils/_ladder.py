@@ -22,6 +22,7 @@ the start time before each ``kill`` and polls ``/proc`` every 20 ms.
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import signal
@@ -96,7 +97,7 @@ def _timeout(value: t.Any, option: str) -> float:
         number = float(value)
     except (TypeError, ValueError):
         raise LadderError("%s: timeout must be a number of seconds, got %r" % (option, value)) from None
-    if not number >= 0 or number == float("inf"):
+    if not math.isfinite(number) or number < 0:
         raise LadderError("%s: timeout must be a finite number of seconds >= 0, got %r" % (option, value))
     return number
 
@@ -123,7 +124,8 @@ def parse_ladder(raw: t.Any, *, tmux: bool, kill_timeout: float) -> list[Rung]:
             raise LadderError("%s: each rung must be a dict like {signal: SIGTERM, timeout: 30}, got %r" % (where, item))
         unknown = sorted(set(item) - {"signal", "timeout", "via", "to"})
         if unknown:
-            raise LadderError("%s: unknown key(s) %s; a rung has signal, timeout, and optionally via (tmux) and to (launcher|all)" % (where, ", ".join(unknown)))
+            raise LadderError("%s: unknown key(s) %s; a rung has signal, timeout, and optionally via (tmux) and to "
+                              "(launcher|all)" % (where, ", ".join(unknown)))
         if "signal" not in item or "timeout" not in item:
             raise LadderError("%s: a rung needs both signal and timeout, got %r" % (where, item))
         sig = parse_signal(item["signal"], where + ".signal")

@@ -471,6 +471,30 @@ class Selection:
     panes: list[Pane]
     notes: list[str]
     refused: str = ""
+    seen: frozenset = frozenset()  # (pid, starttime) of every process in the table the selection was made from
+
+
+def late_children(
+    found: t.Iterable[tuple[int, int, int]],
+    seen: t.Container[tuple[int, int]],
+    excludes: t.Sequence[t.Pattern[str]] = (),
+    proc_root: str = "/proc",
+) -> list[tuple[int, int, int]]:
+    """Of ``found`` (pid, starttime, pgid) children, those born after the snapshot and not excluded.
+
+    A process that existed at snapshot time and was left out (``exclude``, another container) stays out.
+    """
+    late = []
+    for pid, start, pgid in found:
+        if (pid, start) in seen:
+            continue
+        info = read_process(pid, proc_root)
+        if info is None or info.starttime != start or info.is_kernel_thread:
+            continue
+        if any(regex.search(command_of(info)) for regex in excludes):
+            continue
+        late.append((pid, start, pgid))
+    return late
 
 
 def select(
@@ -587,4 +611,5 @@ def snapshot(
         allow_broad_match=allow_broad_match,
     )
     selection.notes[:0] = notes
+    selection.seen = frozenset(info.identity for info in table.values())
     return selection

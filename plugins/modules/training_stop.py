@@ -262,6 +262,7 @@ elapsed:
   sample: 3.62
 """
 
+import math  # noqa: E402
 import pwd  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -278,6 +279,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import ( 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (  # noqa: E402
     SelectError,
     command_of,
+    compile_regex,
+    late_children,
     read_tpgid,
     snapshot,
     tmux_panes,
@@ -312,7 +315,7 @@ def _diff_lines(entries):
 def _check_numbers(module):
     for option in ("max_grace", "kill_timeout", "progress_stall"):
         value = module.params[option]
-        if value is None or not value >= 0 or value == float("inf"):
+        if value is None or not math.isfinite(value) or value < 0:
             module.fail_json(msg="%s: must be a finite number of seconds >= 0, got %r" % (option, value))
     for pid in module.params["pids"] or []:
         if pid <= 0:
@@ -408,10 +411,15 @@ def main():
                 errors.append("%s: %s" % (pane.pane_id, done.stderr.decode(errors="replace").strip()))
         return sent, errors
 
+    excludes = [compile_regex("exclude", pattern) for pattern in params["exclude"]]
+
+    def find_children(parents):
+        return late_children(stat_children(parents), selection.seen, excludes)
+
     try:
         outcome = run_ladder(
             rungs, procs, root_pgids=root_pgids, send_keys=send_keys, progress_paths=params["progress_paths"],
-            progress_stall=params["progress_stall"], max_grace=params["max_grace"], find_children=stat_children,
+            progress_stall=params["progress_stall"], max_grace=params["max_grace"], find_children=find_children,
             started=started,
         )
     finally:

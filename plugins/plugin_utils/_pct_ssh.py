@@ -24,6 +24,7 @@ and ``MasterClient`` (the same calls, answered by the master). Failures raise
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -40,6 +41,7 @@ import time
 import typing as t
 
 CHUNK = 1024 * 1024  # file transfer block: bounded memory for any file size
+PROTOCOL = 1  # part of the control socket's name: a changed plugin never talks to an older master
 KINDS = (
     "unreachable",  # TCP/banner level: host down, wrong port, DNS
     "auth",  # login refused
@@ -85,7 +87,7 @@ class Settings:
 
     def cache_key(self) -> str:
         """A stable name for 'the same connection' (secrets only as a digest)."""
-        raw = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        raw = json.dumps([PROTOCOL, dataclasses.asdict(self)], sort_keys=True)
         return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:20]
 
     def host_label(self) -> str:
@@ -138,6 +140,8 @@ class DirectSession:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.client: t.Any = None
+        self._pool: t.List[t.Any] = []
+        self._pool_lock = threading.Lock()
 
     # -- connection ---------------------------------------------------------
     def connect(self) -> DirectSession:
@@ -232,6 +236,10 @@ class DirectSession:
         return bool(tr and tr.is_active())
 
     def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, []
+        for sftp in pool:
+            sftp.close()
         if self.client is not None:
             self.client.close()
             self.client = None
@@ -278,6 +286,15 @@ class DirectSession:
 
     # -- files (SFTP) -------------------------------------------------------
     def _sftp(self) -> t.Any:
+        """An SFTP client from the idle pool, or a new one.
+
+        Reusing clients saves starting sftp-server on the host for every
+        transfer (three per module upload); a client serves one request at a
+        time, so parallel tasks get their own.
+        """
+        with self._pool_lock:
+            if self._pool:
+                return self._pool.pop()
         try:
             return self._transport().open_sftp_client()
         except SessionError:
@@ -285,70 +302,78 @@ class DirectSession:
         except Exception as e:
             raise SessionError("sftp_unavailable", "SFTP is not available on %s: %s" % (self.settings.host_label(), e)) from None
 
-    def mkdtemp(self) -> str:
-        """A fresh private (0700) directory in the host's /tmp."""
+    def _release(self, sftp: t.Any) -> None:
+        with self._pool_lock:
+            if len(self._pool) < 4 and not sftp.sock.closed:
+                self._pool.append(sftp)
+                return
+        sftp.close()
+
+    @contextlib.contextmanager
+    def _sftp_client(self) -> t.Iterator[t.Any]:
         sftp = self._sftp()
         try:
+            yield sftp
+        finally:
+            self._release(sftp)
+
+    def mkdtemp(self) -> str:
+        """A fresh private (0700) directory in the host's /tmp."""
+        with self._sftp_client() as sftp:
+            last: t.Optional[BaseException] = None
             for _ in range(5):
                 path = "/tmp/.pct_ssh-%s" % os.urandom(12).hex()
                 try:
                     sftp.mkdir(path, mode=0o700)
                     sftp.chmod(path, 0o700)  # the server applies its umask to mkdir's mode
                     return path
-                except OSError as e:
+                except (OSError, EOFError) as e:
                     last = e
-            raise SessionError("transfer", "cannot create a temporary directory in /tmp on the host: %s" % last)
-        finally:
-            sftp.close()
+        raise SessionError("transfer", "cannot create a temporary directory in /tmp on the host: %s" % last)
 
     def put(self, local: str, remote: str) -> None:
-        sftp = self._sftp()
-        try:
-            with open(local, "rb") as src, sftp.open(remote, "wbx") as dst:
-                dst.set_pipelined(True)
-                while True:
-                    block = src.read(CHUNK)
-                    if not block:
-                        break
-                    dst.write(block)
-            size = os.path.getsize(local)
-            got = sftp.stat(remote).st_size
-            if got != size:
-                raise SessionError("transfer", "SFTP wrote %s bytes of %s to %s" % (got, size, remote))
-        except (OSError, EOFError) as e:
-            raise SessionError("transfer", "SFTP upload of %s to the host's %s failed: %s" % (local, remote, e)) from None
-        finally:
-            sftp.close()
+        """Upload LOCAL to REMOTE in blocks; REMOTE must not exist yet (never write through a planted path)."""
+        with self._sftp_client() as sftp:
+            try:
+                with open(local, "rb") as src, sftp.open(remote, "wbx") as dst:
+                    dst.set_pipelined(True)
+                    while True:
+                        block = src.read(CHUNK)
+                        if not block:
+                            break
+                        dst.write(block)
+                size = os.path.getsize(local)
+                got = sftp.stat(remote).st_size
+            except (OSError, EOFError) as e:
+                raise SessionError("transfer", "SFTP upload of %s to the host's %s failed: %s" % (local, remote, e)) from None
+        if got != size:
+            raise SessionError("transfer", "SFTP wrote %s bytes of %s to %s" % (got, size, remote))
 
     def get(self, remote: str, local: str) -> None:
-        sftp = self._sftp()
-        try:
-            with sftp.open(remote, "rb") as src, open(local, "wb") as dst:
-                size = src.stat().st_size
-                src.prefetch(size)
-                while True:
-                    block = src.read(CHUNK)
-                    if not block:
-                        break
-                    dst.write(block)
-        except (OSError, EOFError) as e:
-            raise SessionError("transfer", "SFTP download of the host's %s to %s failed: %s" % (remote, local, e)) from None
-        finally:
-            sftp.close()
+        """Download REMOTE to LOCAL in blocks."""
+        with self._sftp_client() as sftp:
+            try:
+                with sftp.open(remote, "rb") as src, open(local, "wb") as dst:
+                    src.prefetch(src.stat().st_size)
+                    while True:
+                        block = src.read(CHUNK)
+                        if not block:
+                            break
+                        dst.write(block)
+            except (OSError, EOFError) as e:
+                raise SessionError("transfer", "SFTP download of the host's %s to %s failed: %s" % (remote, local, e)) from None
 
     def rmtree(self, path: str) -> None:
         """Remove the one-level temporary directory PATH and its files."""
         if not path.startswith("/tmp/.pct_ssh-"):
             raise SessionError("config", "refusing to remove %r: not a pct_ssh temporary directory" % path)
-        sftp = self._sftp()
-        try:
-            for name in sftp.listdir(path):
-                sftp.remove(path + "/" + name)
-            sftp.rmdir(path)
-        except OSError as e:
-            raise SessionError("transfer", "cannot remove the temporary directory %s on the host: %s" % (path, e)) from None
-        finally:
-            sftp.close()
+        with self._sftp_client() as sftp:
+            try:
+                for name in sftp.listdir(path):
+                    sftp.remove(path + "/" + name)
+                sftp.rmdir(path)
+            except (OSError, EOFError) as e:
+                raise SessionError("transfer", "cannot remove the temporary directory %s on the host: %s" % (path, e)) from None
 
 
 def _pump(chan: t.Any, stdin: t.Optional[bytes], src: t.Optional[t.BinaryIO], sink: t.Optional[t.BinaryIO], timeout: float) -> ExecResult:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) gpuops.repurpose contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -129,7 +128,7 @@ def run_module(args: dict) -> tuple[dict, float]:
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, ".collections"))
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": args})],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=False)
     wall = time.monotonic() - t0
     result = json.loads(done.stdout)
     if result.get("failed"):
@@ -194,7 +193,7 @@ def trial(workdir: str, scenario: str, args: argparse.Namespace) -> dict[str, fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--exit-delay", type=float, default=0.3, help="graceful tree: seconds from SIGINT to exit")
@@ -209,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "scenario", "rungs", "select ms", "ladder ms/rung", "module ms", "module+py ms", "poll 1s ms", "poll/mod"))
     ok = True
     for scenario in ("graceful", "stubborn"):
-        trials = [trial(workdir, scenario, args) for _ in range(args.repeat)]
+        trials = [trial(workdir, scenario, args) for _trial in range(args.repeat)]
         keys = ("select", "ladder", "module", "module+python", "poll 1s")
         med = {key: statistics.median(t[key] for t in trials) for key in keys}
         rungs = int(trials[0]["rungs"])

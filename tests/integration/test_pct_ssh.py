@@ -179,7 +179,20 @@ def suite(tmp_path_factory):
 """ % json.dumps(["printf", "%s\\n"] + HOSTILE_ARGV)
     before = host_tmp_dirs(status)
     results = run_playbook(tmp, hosts, play)
+    results["_masters"] = masters(tmp / "cp")
     return results, src, tmp, before
+
+
+def masters(cp: Path) -> dict:
+    """pid -> peak RSS (kB) of each control master still serving under CP."""
+    from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
+
+    out = {}
+    for sock in cp.glob("*.sock"):
+        pid = _pct_ssh.MasterClient(str(sock))._call({"op": "ping"})[0]["pid"]
+        with open("/proc/%d/status" % pid) as fh:
+            out[pid] = int(next(line for line in fh if line.startswith("VmHWM:")).split()[1])
+    return out
 
 
 @pytest.mark.parametrize("host", sorted(MATRIX))
@@ -248,3 +261,14 @@ def host_tmp_dirs(status: dict) -> set:
 
 def test_no_temporary_files_left_on_the_host(suite):
     assert host_tmp_dirs(lab_status()) <= suite[3]
+
+
+def test_one_shared_connection_per_host_user(suite):
+    """Every task runs in a fresh worker, yet root's three hosts share one master and pveops' two another."""
+    assert len(suite[0]["_masters"]) == 2
+
+
+def test_transfers_stream_in_bounded_memory(suite):
+    """200 MiB went through each master; none ever held anything near that in memory."""
+    for pid, peak_kb in suite[0]["_masters"].items():
+        assert peak_kb < 120 * 1024, "master %d peaked at %d MiB" % (pid, peak_kb // 1024)

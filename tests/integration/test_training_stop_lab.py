@@ -16,6 +16,9 @@ The lab itself is never brought down. Skipped when the lab is not up.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -106,7 +109,7 @@ def module_on_host(status: dict, args: dict, check_mode: bool = False) -> dict:
     if check_mode:
         argv.append("--check")
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=False)
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("lab-pve | ")]
     assert line, done.stdout + done.stderr
     result = json.loads(line[0].split(" => ", 1)[1])
@@ -124,6 +127,25 @@ def wait_for(predicate, timeout: float, what: str):
         time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def lab_lock(status: dict, timeout: float = 600):
+    """The lab's own operation lock (tests/lab/lab.py ``Lock``): no ``lab trainer`` restarts CT200 meanwhile."""
+    path = "/run/gpuops-lab-%s.lock" % hashlib.sha256(os.path.abspath(status["lab_dir"]).encode()).hexdigest()[:8]
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < end, "the lab lock %s stayed busy for %ss" % (path, timeout)
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture
 def twin(lab):
     """CT201 running CT200's exact trainer command line; everything restored afterwards."""
@@ -132,18 +154,20 @@ def twin(lab):
     command = lab["trainer"]["command"]
     if not lab["trainer"].get("running"):
         subprocess.run([LAB, "trainer", behaviour], check=True, capture_output=True, timeout=300)
-    if before != "running":
-        ssh(lab, "pct", "start", "201")
-        wait_for(lambda: "running" in ssh(lab, "pct", "status", "201").stdout, 60, "CT201 running")
     started: dict[int, int] = {}
+    locked = lab_lock(lab)
+    locked.__enter__()
     try:
+        if before != "running":
+            ssh(lab, "pct", "start", "201")
+            wait_for(lambda: "running" in ssh(lab, "pct", "status", "201").stdout, 60, "CT201 running")
         ssh(lab, "pct", "exec", "201", "--", "mkdir", "-p", "/opt/lab/trainer", "/root/dflash/checkpoints")
         ssh(lab, "pct", "push", "201", TRAINER, "/opt/lab/trainer/fake_trainer.py")
         # the same argv; only the environment differs (private fake GPUs inside CT201)
         script = ("export FAKEGPU_DIR=/tmp/fakegpu-ct201; python3 /opt/lab/fakegpu/fakegpu.py init --count 8 >/dev/null;"
                   " cd /root/dflash; setsid %s </dev/null >/tmp/trainer.log 2>&1 &" % command)
         ssh(lab, "pct", "exec", "201", "--", "sh", "-c", script)
-        started.update(wait_for(lambda: (lambda p: p if len(p) == 9 else None)(trainer_procs(201)), 60,
+        started.update(wait_for(lambda: len(trainer_procs(201)) == 9 and trainer_procs(201), 60,
                                 "CT201 trainer with 8 workers"))
         yield {"ct201": started, "behaviour": behaviour}
     finally:
@@ -154,6 +178,7 @@ def twin(lab):
                 pass
         if before != "running":
             ssh(lab, "pct", "stop", "201", check=False)
+        locked.__exit__(None, None, None)
         subprocess.run([LAB, "trainer", behaviour], check=False, capture_output=True, timeout=300)
 
 

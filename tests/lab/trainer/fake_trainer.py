@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright (c) gpuops.repurpose contributors
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
@@ -72,7 +71,7 @@ CKPT_PAYLOAD = 256 * 1024
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--behaviour", choices=BEHAVIOURS, default="graceful")
     parser.add_argument("--nproc", type=int, default=8)
     parser.add_argument("--ckpt-dir", required=True)
@@ -118,7 +117,7 @@ def write_checkpoint(ckpt_dir: str, step: int, seconds: float = 0.0) -> str:
         header = json.dumps({"step": step, "pid": os.getpid(), "time": time.time()}).encode() + b"\n"
         handle.write(header)
         digest.update(header)
-        for _ in range(chunks):
+        for _chunk in range(chunks):
             handle.write(block)
             digest.update(block)
             handle.flush()

@@ -250,7 +250,7 @@ def run_module(args: dict, check_mode: bool = False, diff: bool = False, timeout
         payload["_ansible_diff"] = True
     done = subprocess.run([PYTHON, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": payload})],
                           capture_output=True, text=True, timeout=timeout, env=module_env(), cwd=ROOT,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, check=False)
     try:
         result = json.loads(done.stdout)
     except ValueError:

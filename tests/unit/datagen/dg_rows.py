@@ -8,6 +8,7 @@ import os
 FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "roles", "sglang_datagen", "files")
 FILES = os.path.normpath(FILES)
 
+
 def write_jsonl(path, rows, raw_lines=()):
     """Rows as JSON lines, then ``raw_lines`` verbatim (malformed input)."""
     os.makedirs(os.path.dirname(str(path)), exist_ok=True)

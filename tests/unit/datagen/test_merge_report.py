@@ -54,7 +54,7 @@ def merged(cfg):
 
 
 def test_merge_keeps_everything_without_downsampling(tmp_path, tiny_tokenizer):
-    cfg, _ = setup(tmp_path, tiny_tokenizer)
+    cfg, _tok = setup(tmp_path, tiny_tokenizer)
     res = run_merge(cfg)
     man, rows = merged(cfg)
     assert res["rows"] == len(rows) == 140
@@ -67,7 +67,7 @@ def test_merge_keeps_everything_without_downsampling(tmp_path, tiny_tokenizer):
 
 
 def test_merge_downsamples_over_target_to_exact_share(tmp_path, tiny_tokenizer):
-    cfg, _ = setup(tmp_path, tiny_tokenizer, merge={"allow_downsample": True})
+    cfg, _tok = setup(tmp_path, tiny_tokenizer, merge={"allow_downsample": True})
     run_merge(cfg)
     man, rows = merged(cfg)
     # coding 80 of 140 is over 50%: cut to the size of the rest (60); math and general kept whole
@@ -85,7 +85,7 @@ def test_merge_tokenizes_existing_rows_with_messages(tmp_path, tiny_tokenizer):
         for i in range(5)])
     cfg, tok = setup(tmp_path, tiny_tokenizer, existing=ex, n_new=(2, 2))
     run_merge(cfg)
-    _, rows = merged(cfg)
+    _man, rows = merged(cfg)
     olds = [r for r in rows if r["origin"] == "existing"]
     assert len(olds) == 5
     assert tok.decode([t for t, m in zip(olds[0]["input_ids"], olds[0]["loss_mask"]) if m]) == \
@@ -93,7 +93,7 @@ def test_merge_tokenizes_existing_rows_with_messages(tmp_path, tiny_tokenizer):
 
 
 def test_merge_needs_tokenize_first(tmp_path, tiny_tokenizer):
-    cfg, _ = setup(tmp_path, tiny_tokenizer)
+    cfg, _tok = setup(tmp_path, tiny_tokenizer)
     import shutil
 
     shutil.rmtree(os.path.join(cfg.work_dir, "tokenized"))
@@ -102,7 +102,7 @@ def test_merge_needs_tokenize_first(tmp_path, tiny_tokenizer):
 
 
 def test_report_table_and_charts(tmp_path, tiny_tokenizer):
-    cfg, _ = setup(tmp_path, tiny_tokenizer, merge={"allow_downsample": True})
+    cfg, _tok = setup(tmp_path, tiny_tokenizer, merge={"allow_downsample": True})
     run_merge(cfg)
     res = run_report(cfg)
     md, mix, lens = res["files"]

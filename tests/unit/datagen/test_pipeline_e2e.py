@@ -33,8 +33,9 @@ def run_ok(*args):
 
 def test_pipeline_end_to_end(tmp_path, tiny_tokenizer, server):
     existing = fx.write_jsonl(tmp_path / "existing.jsonl", [
-        {"id": f"e{i}", "category": "coding", "messages": [{"role": "user", "content": f"Write python function {i}"},
-                                                         {"role": "assistant", "content": "def f(): return x"}]}
+        {"id": f"e{i}", "category": "coding",
+         "messages": [{"role": "user", "content": f"Write python function {i}"},
+                      {"role": "assistant", "content": "def f(): return x"}]}
         for i in range(40)])
     cfg = fx.write_config(tmp_path, fx.six_sources(tmp_path, 8), servers=[server.url], tokenizer=tiny_tokenizer,
                           existing_dataset={"path": existing}, target_total=30, max_length=512,

@@ -39,8 +39,8 @@ def test_plan_categories_moves_toward_target_without_overshoot():
 
 
 def test_plan_categories_capacity_redistributes():
-    got = quota.plan_categories(EXISTING, MIX, 200000, capacity={"math": 1000, "general": 10**6, "tool_use": 5000,
-                                                                  "agent": 10**6, "coding": 10**6})
+    capacity = {"math": 1000, "general": 10**6, "tool_use": 5000, "agent": 10**6, "coding": 10**6}
+    got = quota.plan_categories(EXISTING, MIX, 200000, capacity=capacity)
     assert got["math"] == 1000 and got["tool_use"] == 5000
     assert sum(got.values()) == 200000
 

@@ -40,7 +40,7 @@ def test_infinity_language_filter_and_malformed():
     row["conversations"] = [{"from": "gpt", "value": "only an answer"}]
     assert reason("infinity_instruct", row) == "no_user_turn"
     # zh-cn kept when asked for
-    msgs, _, _ = adapt(spec("infinity_instruct", languages=["zh"]), fx.infinity_row(5, lang="zh-cn"))
+    msgs, _tools, _cat = adapt(spec("infinity_instruct", languages=["zh"]), fx.infinity_row(5, lang="zh-cn"))
     assert msgs[0]["role"] == "user"
 
 
@@ -50,7 +50,7 @@ def test_infinity_multi_turn_keeps_history():
         {"from": "human", "value": "a"}, {"from": "gpt", "value": "b"},
         {"from": "human", "value": "c"}, {"from": "gpt", "value": "d"},
     ]
-    msgs, _, _ = adapt(spec("infinity_instruct"), row)
+    msgs, _tools, _cat = adapt(spec("infinity_instruct"), row)
     assert [m["content"] for m in msgs] == ["a", "b", "c"]
 
 
@@ -70,7 +70,7 @@ def test_single_turn_sources(adapter, row, field, cat):
 
 
 def test_category_override():
-    _, _, cat = adapt(spec("webinstruct", category="math"), fx.webinstruct_row(1))
+    _msgs, _tools, cat = adapt(spec("webinstruct", category="math"), fx.webinstruct_row(1))
     assert cat == "math"
 
 
@@ -88,7 +88,7 @@ def test_hermes_tools_from_system_block_and_tool_turns_survive():
 
 
 def test_hermes_tools_json_string_column_wins():
-    msgs, tools, _ = adapt(spec("hermes_fc"), fx.hermes_row(2, with_tools_column=True, multi_turn=False))
+    msgs, tools, _cat = adapt(spec("hermes_fc"), fx.hermes_row(2, with_tools_column=True, multi_turn=False))
     assert tools[0]["function"]["description"] == "W"
     assert msgs == [{"role": "user", "content": "What is the weather in city 2?"}]
 
@@ -110,7 +110,7 @@ def test_orca_agentinstruct_messages_json_string():
 
 
 def test_agentinstruct_trajectory_keeps_observations():
-    msgs, _, cat = adapt(spec("agentinstruct"), fx.agentinstruct_row(3))
+    msgs, _tools, cat = adapt(spec("agentinstruct"), fx.agentinstruct_row(3))
     assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
     assert msgs[-1]["content"].startswith("The output of the OS")
     assert cat == "agent"
@@ -119,8 +119,8 @@ def test_agentinstruct_trajectory_keeps_observations():
 def test_generic_adapters_need_category():
     assert ADAPTERS["sharegpt"].needs_category and ADAPTERS["messages"].needs_category
     assert reason("sharegpt", {"conversations": [{"from": "human", "value": "hi"}]}) == "no_category"
-    msgs, _, cat = adapt(spec("messages", category="general"),
-                         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    msgs, _tools, cat = adapt(spec("messages", category="general"), row)
     assert msgs == [{"role": "user", "content": "hi"}] and cat == "general"
 
 
@@ -151,3 +151,17 @@ def test_json_array_streams_across_chunk_boundaries():
         assert list(iter_json_array(io.StringIO(text), "x", chunk=chunk)) == rows
     with pytest.raises(DatagenError, match="not valid JSON"):
         list(iter_json_array(io.StringIO(text[:-10]), "x", chunk=16))
+
+
+def test_messages_adapter_keeps_tool_links():
+    row = {"messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": "{\"t\": 1}"},
+        {"role": "assistant", "content": "1 degree"}],
+        "tools": json.dumps([{"name": "get_weather", "parameters": {"type": "object"}}])}
+    msgs, tools, _cat = adapt(spec("messages", category="tool_use"), row)
+    assert msgs[1]["tool_calls"][0]["id"] == "c1" and msgs[1]["content"] == ""
+    assert msgs[2] == {"role": "tool", "content": "{\"t\": 1}", "tool_call_id": "c1", "name": "get_weather"}
+    assert tools == [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

@@ -56,7 +56,7 @@ def supervised_text(tok, row):
 def hermes_prompt():
     from datagen.config import SourceSpec
 
-    msgs, tools, _ = adapt(SourceSpec(name="h", adapter="hermes_fc"), fx.hermes_row(4))
+    msgs, tools, _cat = adapt(SourceSpec(name="h", adapter="hermes_fc"), fx.hermes_row(4))
     return msgs, tools
 
 
@@ -90,7 +90,7 @@ def test_supervise_last_only(tmp_path, tiny_tokenizer):
     msgs, tools = hermes_prompt()
     cfg = make(tmp_path, tiny_tokenizer, [generated(tok, "t", msgs, "It is 4 degrees.", tools=tools)],
                tokenize={"supervise": "last"})
-    _, out = shard_rows(run_tokenize(cfg)["dir"])
+    _man, out = shard_rows(run_tokenize(cfg)["dir"])
     assert supervised_text(tok, out[0]) == "It is 4 degrees.<|im_end|>\n"
 
 
@@ -118,7 +118,7 @@ def test_prompt_check_warn_drop_fail(tmp_path, tiny_tokenizer):
     cfg = make(tmp_path, tiny_tokenizer, rows)
     res = run_tokenize(cfg)
     assert res["rows_out"] == 2 and res["prompt_check"]["mismatched"] == 1
-    man, _ = shard_rows(res["dir"])
+    man, _rows = shard_rows(res["dir"])
     assert man["prompt_check"]["examples"][0]["id"] == "off" and man["prompt_check"]["max_abs_diff"] == 3
     cfg.tokenize.prompt_check = "drop"
     res = run_tokenize(cfg, force=True)

@@ -84,7 +84,7 @@ def test_slow_checkpoint_file_keeps_growing_while_saving(job):
 
     tmp = wait_for(tmp_file, 10, what="checkpoint .tmp")
     sizes = []
-    for _ in range(4):
+    for _sample in range(4):
         try:
             sizes.append(os.path.getsize(tmp))
         except FileNotFoundError:

@@ -178,7 +178,7 @@ class _Checker:
                 files.extend(found)
             elif os.path.isdir(p):
                 found = sorted(
-                    os.path.join(root, f) for root, _, names in os.walk(p) for f in names if f.endswith(DATA_EXTENSIONS)
+                    os.path.join(root, f) for root, _dirs, names in os.walk(p) for f in names if f.endswith(DATA_EXTENSIONS)
                 )
                 if not found:
                     self.err(k, f"directory holds no .jsonl/.json/.parquet file: {p}")

@@ -75,6 +75,6 @@ def _category(row: Dict[str, Any], spec: Any, msgs: Optional[list]) -> str:
 
 def measure(spec: Any) -> Dict[str, int]:
     counts: Dict[str, int] = {}
-    for _, cat, _ in iter_existing(spec):
+    for _row, cat, _msgs in iter_existing(spec):
         counts[cat] = counts.get(cat, 0) + 1
     return counts

@@ -107,8 +107,8 @@ def run_merge(cfg: Any, force: bool = False) -> Dict[str, Any]:
         if ex_keep[c] < len(arr):
             import numpy as np
 
-            thresholds[c] = -1 if ex_keep[c] == 0 else int(np.partition(np.frombuffer(arr, dtype=np.uint64),
-                                                                          ex_keep[c] - 1)[ex_keep[c] - 1])
+            k = ex_keep[c]
+            thresholds[c] = -1 if k == 0 else int(np.partition(np.frombuffer(arr, dtype=np.uint64), k - 1)[k - 1])
     del ranks
 
     # pass 2: write

@@ -69,7 +69,7 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
     existing_counts: Dict[str, int] = {}
     existing_no_text = 0
     if cfg.existing:
-        for _, cat, msgs in iter_existing(cfg.existing):
+        for _row, cat, msgs in iter_existing(cfg.existing):
             _bump(existing_counts, cat)
             if msgs:
                 try:
@@ -145,7 +145,7 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
         cut = {no: thresholds.get(b, -1) for no, b in buckets.items()}
         with AtomicWriter(out_path) as out, open(spool_path, encoding="utf-8") as spool_in:
             for line in spool_in:
-                head, _, body = line.partition("\t")
+                head, _sep, body = line.partition("\t")
                 rank_s, no_s = head.split(" ")
                 no = int(no_s)
                 if taken[no] >= limits[no] or int(rank_s) > cut[no]:

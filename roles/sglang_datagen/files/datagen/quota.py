@@ -77,7 +77,7 @@ def plan_categories(
     fall short of their target, and then, if n is still not reached, to any category with
     supply in proportion to the target mix (the run delivers n rows when the sources have them).
     """
-    cats = [c for c in mix]
+    cats = list(mix)
     caps = {c: (capacity.get(c, 0) if capacity is not None else n) for c in cats}
     if downsample:
         over, total = over_target(existing, mix, n)
@@ -129,7 +129,7 @@ def plan(
     rest = max(0, n - sum(take.values()))
     auto = {k: v for k, v in available.items() if k[0] not in manual and k[1] in mix}
     capacity: Dict[str, int] = {}
-    for (_, cat), v in auto.items():
+    for (_src, cat), v in auto.items():
         capacity[cat] = capacity.get(cat, 0) + v
     # manual rows already moved the mix: plan the rest against existing + manual, over the same merged total
     cat_quota = plan_categories(effective, mix, rest, capacity, downsample)

@@ -167,8 +167,8 @@ def run_report(cfg: Any, force: bool = False) -> Dict[str, Any]:
         md += ["## tokenize", "", f"rows in {tok['rows_in']:,}, out {tok['rows_out']:,}, truncated "
                f"{tok['truncated']:,}, tokens {tok['tokens']:,} (supervised {tok['supervised_tokens']:,}); "
                f"prompt check: {pc['checked']:,} checked, {pc['mismatched']:,} mismatched", "",
-               _counts_block("left out (by reason)", tok["skipped"]), _counts_block("finish_reason",
-                                                                                   tok["finish_reason"])]
+               _counts_block("left out (by reason)", tok["skipped"]),
+               _counts_block("finish_reason", tok["finish_reason"])]
     if mrg:
         md += ["## merge", "", f"rows {mrg['rows']:,}; downsampling {'on' if mrg['allow_downsample'] else 'off'}", "",
                _counts_block("dropped (by category)", mrg["dropped_per_category"])]

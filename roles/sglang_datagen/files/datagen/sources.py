@@ -103,8 +103,9 @@ def _turns_from_messages(msgs: Any) -> Messages:
         if not isinstance(content, str):
             raise Unusable("malformed_turn")
         msg: Dict[str, Any] = {"role": role, "content": content}
-        if m.get("tool_calls"):
-            msg["tool_calls"] = m["tool_calls"]
+        for extra in ("tool_calls", "tool_call_id", "name"):  # what ties a tool result to its call
+            if m.get(extra):
+                msg[extra] = m[extra]
         out.append(msg)
     return out
 
@@ -345,7 +346,7 @@ def iter_file(path: str) -> Iterator[Any]:
             return
     from datagen.util import iter_jsonl
 
-    for _, obj in iter_jsonl(path, tolerate_torn_tail=False):
+    for _line_no, obj in iter_jsonl(path, tolerate_torn_tail=False):
         yield obj
 
 

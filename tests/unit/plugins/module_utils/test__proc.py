@@ -77,9 +77,26 @@ def test_container_vmid_from_cgroup(text, vmid):
     assert container_vmid_from_cgroup(text) == vmid
 
 
+def _wait_exec(pid, marker):
+    """A child shows its own cmdline only once exec has happened (before that, its parent's)."""
+    import time
+
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as handle:
+                if marker.encode() in handle.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError("pid %d never exec'd" % pid)
+
+
 def test_readers_on_real_processes():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "marker-arg"])
     try:
+        _wait_exec(child.pid, "marker-arg")
         info = read_process(child.pid)
         assert info is not None and info.ppid == os.getpid() and info.cmdline[-1] == "marker-arg"
         assert info.identity == (child.pid, read_starttime(child.pid))

@@ -228,3 +228,41 @@ def test_parse_pid_file(text, ok):
 def test_compile_regex_names_the_option():
     with pytest.raises(SelectError, match=r"^match: '\(' is not a valid regular expression"):
         compile_regex("match", "(")
+
+
+def _wait_exec(pid, marker):
+    """A child shows its own cmdline only once exec has happened (before that, its parent's)."""
+    import time
+
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as handle:
+                if marker.encode() in handle.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.01)
+    raise AssertionError("pid %d never exec'd" % pid)
+
+
+def test_late_children_only_born_after_the_snapshot_and_not_excluded():
+    import os
+    import subprocess
+    import sys
+
+    from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_starttime
+    from ansible_collections.gpuops.repurpose.plugins.module_utils._select import late_children
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "late-child-marker"])
+    try:
+        _wait_exec(child.pid, "late-child-marker")
+        ident = (child.pid, read_starttime(child.pid))
+        found = [(child.pid, ident[1], os.getpgid(child.pid))]
+        assert late_children(found, seen=set()) == found
+        assert late_children(found, seen={ident}) == []  # it was there at snapshot time and left out
+        assert late_children(found, seen=set(), excludes=[re.compile("late-child-marker")]) == []
+        assert late_children([(child.pid, ident[1] + 1, 0)], seen=set()) == []  # not that process
+    finally:
+        child.kill()
+        child.wait()

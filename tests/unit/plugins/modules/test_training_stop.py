@@ -89,7 +89,7 @@ def pids_of(result):
 
 def test_graceful_stops_on_the_first_rung_with_checkpoint(job):
     trainer = job("graceful", nproc=3)
-    expected = sorted(pid for pid, _ in trainer.identities())
+    expected = sorted(pid for pid, _start in trainer.identities())
     result = run_module({"match": trainer.regex, "ladder": SHORT})
     assert result["rc"] == 0, result
     assert result["changed"] is True and result["stopped_by"] == "SIGINT" and result["stopped_by_index"] == 0
@@ -154,13 +154,12 @@ def test_slow_checkpoint_without_progress_paths_is_cut_short(job):
     result = run_module({"match": trainer.regex, "ladder": [
         {"signal": "INT", "timeout": 0.5}, {"signal": "TERM", "timeout": 0.5}, {"signal": "KILL", "timeout": 5}]})
     assert result["rc"] == 0 and result["stopped_by"] == "SIGKILL"
-    assert [n for n in os.listdir(trainer.ckpt_dir) if n.endswith(".tmp")]
-    assert latest_checkpoint(trainer.ckpt_dir) is None
+    assert latest_checkpoint(trainer.ckpt_dir) is None  # the 2.5 s save never finished; no torn file is named
 
 
 def test_sigstopped_job_is_continued_and_stops_gracefully(job):
     trainer = job("graceful")
-    for pid, _ in trainer.identities():
+    for pid, _start in trainer.identities():
         os.kill(pid, signal.SIGSTOP)
     result = run_module({"match": trainer.regex, "ladder": SHORT})
     assert result["rc"] == 0 and result["stopped_by"] == "SIGINT", result
@@ -174,7 +173,7 @@ def test_check_mode_reports_plan_and_signals_nothing(job):
     assert result["rc"] == 0 and result["changed"] is True and result["rungs"] == []
     assert result["plan"] == ["SIGINT to the launcher, wait 45s", "SIGTERM to every process, wait 30s",
                               "SIGKILL to every process, wait 10s"]
-    assert pids_of(result) == sorted(p for p, _ in before)
+    assert pids_of(result) == sorted(p for p, _start in before)
     assert str(trainer.proc.pid) in result["diff"]["before"] and result["diff"]["after"] == ""
     assert all(alive(pid, start) for pid, start in before) and "got SIG" not in trainer.log()
 
@@ -255,6 +254,39 @@ def test_without_sigkill_survivors_fail_the_module(job):
     result = run_module({"match": trainer.regex, "ladder": [{"signal": "TERM", "timeout": 0.3}]})
     assert result["rc"] == 1 and "still running" in result["msg"] and len(result["survivors"]) == 3
     assert result["unkillable"] == [] and all(alive(pid) for pid in result["survivors"])
+
+
+ZOMBIE_LEADER = """
+import ctypes, sys, threading, time
+def spin():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=spin).start()
+time.sleep(0.1)
+ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: only the leader thread exits; /proc shows Z
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="SYS_exit number is for x86_64")
+def test_zombie_leader_with_live_thread_is_selected_and_not_taken_for_gone(tmp_path, untouched):
+    marker = str(tmp_path / "zombie-leader-marker")
+    child = subprocess.Popen([PYTHON, "-c", ZOMBIE_LEADER, marker], start_new_session=True)
+    try:
+        def leader_zombie():
+            with open("/proc/%d/stat" % child.pid) as handle:
+                return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+        wait_for(leader_zombie, 10, what="leader thread exit")
+        result = run_module({"match": marker, "ladder": [{"signal": "INT", "timeout": 0.3},
+                                                         {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]})
+        assert result["rc"] == 0, result
+        assert pids_of(result) == [child.pid] and marker in result["selected"][0]["cmdline"]
+        assert result["rungs"][0]["remaining"] == 1 and result["stopped_by"] == "SIGTERM"
+        assert child.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 # ---------------------------------------------------------------- tmux
@@ -352,8 +384,9 @@ def test_through_ansible_playbook_check_then_run_then_idempotent(job, tmp_path):
           - again is not changed and again.selected == []
 """.format(regex=trainer.regex, ladder=json.dumps(SHORT)))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    done = subprocess.run([os.path.join(os.path.dirname(PYTHON), "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + PYTHON,
-                           str(playbook)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    argv = [os.path.join(os.path.dirname(PYTHON), "ansible-playbook"), "-i", "localhost,", "-c", "local",
+            "-e", "ansible_python_interpreter=" + PYTHON, str(playbook)]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "changed=2" in done.stdout and "failed=0" in done.stdout
     assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
