@@ -400,6 +400,7 @@ from ansible.errors import AnsibleAuthenticationFailure, AnsibleConnectionFailur
 from ansible.module_utils.common.text.converters import to_bytes, to_text  # noqa: E402
 from ansible.plugins.connection import ConnectionBase  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct  # noqa: E402
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh  # noqa: E402
 
@@ -512,14 +513,22 @@ class Connection(ConnectionBase):
             return AnsibleConnectionFailure("pct_ssh: %s" % e.msg)
         return AnsibleConnectionFailure("pct_ssh: %s (%s)" % (e.msg, where))
 
-    def _run(self, line: str, stdin: t.Optional[bytes] = None, timeout: t.Optional[float] = None, **kw: t.Any) -> _pct_ssh.ExecResult:
+    def is_pipelining_enabled(self, wrap_async: bool = False) -> bool:
+        # a pty would echo and mangle the module fed on stdin
+        if self.get_option("pty"):
+            return False
+        return super().is_pipelining_enabled(wrap_async)
+
+    def _run(
+        self, line: str, stdin: t.Optional[bytes] = None, timeout: t.Optional[float] = None, pty: bool = False, **kw: t.Any
+    ) -> _pct_ssh.ExecResult:
         """Run host shell text LINE; reconnect once if the connection had gone before it ran."""
         self._connect()
         timeout = float(timeout if timeout is not None else self.get_option("command_timeout"))
         display.vvv("PCT_SSH EXEC %s" % line, host=self._host())
         for attempt in (1, 2):
             try:
-                return self._session.exec(line, stdin=stdin, timeout=timeout, pty=bool(self.get_option("pty")), **kw)
+                return self._session.exec(line, stdin=stdin, timeout=timeout, pty=pty, **kw)
             except _pct_ssh.SessionError as e:
                 if e.kind == "gone" and attempt == 1:
                     self._connected = False
@@ -612,7 +621,7 @@ class Connection(ConnectionBase):
             )
         except _pct.PctError as e:
             raise AnsibleError("pct_ssh: %s" % e) from None
-        res = self._run(_pct.quote(argv), stdin=in_data)
+        res = self._run(_pct.quote(argv), stdin=in_data, pty=bool(self.get_option("pty")))
         if res.timed_out:
             raise AnsibleError(
                 "pct_ssh: command in container %d on %s did not finish within command_timeout=%ss; the channel was closed. "

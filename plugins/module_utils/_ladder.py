@@ -220,6 +220,7 @@ class Handle:
     pgid: int
     fd: int | None = None
     exited_at: float | None = None
+    denied: str = ""  # why the kernel refused to signal it (EPERM: another user's process)
 
 
 class ProcessSet:
@@ -267,7 +268,12 @@ class ProcessSet:
             handle.fd = None
 
     def send(self, handle: Handle, signum: int) -> bool:
-        """Signal one member; False when it had already exited (never an error)."""
+        """Signal one member; False when it had already exited (never an error) or may not be signalled.
+
+        A refusal (EPERM: another user's process, the module not run as root) is kept in
+        ``handle.denied``: the process stays held, is waited for like the rest, and ends up
+        among the survivors with the reason.
+        """
         if handle.exited_at is not None:
             return False
         try:
@@ -280,6 +286,9 @@ class ProcessSet:
                 os.kill(handle.pid, signum)
         except ProcessLookupError:
             self._mark_gone(handle)
+            return False
+        except PermissionError as exc:
+            handle.denied = "%s %s: %s" % (signal.Signals(signum).name, "not permitted", exc.strerror or exc)
             return False
         return True
 
@@ -348,6 +357,7 @@ class LadderResult:
     survivors: list[int]
     late_children: list[int]
     signalled: bool
+    denied: dict[int, str] = field(default_factory=dict)  # survivors the kernel would not let us signal
 
 
 def launcher_targets(handles: t.Sequence[Handle], root_pgids: t.Iterable[int]) -> list[Handle]:
@@ -407,6 +417,8 @@ def run_ladder(
                 if procs.send(handle, rung.signal):
                     report.targets.append(handle.pid)
                     signalled = True
+                elif handle.denied:
+                    report.errors.append("pid %d: %s" % (handle.pid, handle.denied))
                 else:
                     report.already_gone.append(handle.pid)
         if rung.signal not in UNCATCHABLE:
@@ -445,7 +457,8 @@ def run_ladder(
         if not procs.live():
             stopped_by = index
             break
-    return LadderResult(reports, stopped_by, [h.pid for h in procs.live()], late, signalled)
+    return LadderResult(reports, stopped_by, [h.pid for h in procs.live()], late, signalled,
+                        {h.pid: h.denied for h in procs.live() if h.denied})
 
 
 def describe_process(pid: int, proc_root: str = "/proc") -> dict[str, t.Any]:

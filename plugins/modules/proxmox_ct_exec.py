@@ -200,6 +200,7 @@ import time  # noqa: E402
 import typing as t  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct  # noqa: E402
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline  # noqa: E402
 

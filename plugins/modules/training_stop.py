@@ -268,6 +268,7 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (  # noqa: E402
     LadderError,
     ProcessSet,
@@ -439,6 +440,15 @@ def main():
         result["diff"] = dict(before=_diff_lines(result["selected"]), after=_diff_lines(left))
     if outcome.survivors:
         details = [describe_process(pid) for pid in outcome.survivors]
+        for entry in details:
+            if entry["pid"] in outcome.denied:
+                entry["error"] = outcome.denied[entry["pid"]]
+        if outcome.denied:
+            # not the host's fault: this module lacks the right to signal them
+            result["unkillable"] = details
+            finish("%d process(es) could not be signalled (%s); run the module as root (become: true) or as the "
+                   "job's user" % (len(outcome.denied), "; ".join(
+                       "pid %d: %s" % item for item in sorted(outcome.denied.items()))))
         killed = any(r.signal == "SIGKILL" for r in outcome.rungs)
         if killed:
             result["unkillable"] = details

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pct refuses non-root 
 def pct(tmp_path):
     def run(*args: str) -> subprocess.CompletedProcess:
         env = dict(os.environ, GPUOPS_LAB_DIR=str(tmp_path / "gpuops-lab"))
-        return subprocess.run([PCT, *args], capture_output=True, text=True, timeout=30, env=env)
+        return subprocess.run([PCT, *args], capture_output=True, text=True, timeout=30, env=env, check=False)
 
     return run
 

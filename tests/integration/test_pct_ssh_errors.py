@@ -10,13 +10,25 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_pct_ssh import base_vars, lab_status, run_playbook  # noqa: E402
+
+def _helpers():
+    """The lab helpers of test_pct_ssh.py, loaded under their own name (test modules share one namespace)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pct_ssh_lab_helpers", Path(__file__).with_name("test_pct_ssh.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_h = _helpers()
+base_vars = _h.base_vars
+lab_status = _h.lab_status
+run_playbook = _h.run_playbook
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
 

@@ -103,7 +103,7 @@ def ct_processes(status: dict) -> dict[int, str]:
     out = ct(status, "ps", "-eo", "pid=,args=").stdout
     procs = {}
     for line in out.splitlines():
-        pid, _, args = line.strip().partition(" ")
+        pid, _sep, args = line.strip().partition(" ")
         if pid.isdigit():
             procs[int(pid)] = args.strip()
     return procs
@@ -229,6 +229,20 @@ def test_bad_variables_are_rejected_before_anything_runs(graceful_trainer, bad, 
     assert trainer_pids(graceful_trainer) == before
 
 
+def test_a_broad_match_is_refused_before_any_signal(graceful_trainer):
+    """`python` would also hit the networkd-dispatcher-like daemon: refused, nothing signalled, lock released."""
+    before = trainer_pids(graceful_trainer)
+    decoys = decoy_pids(graceful_trainer)
+    rc, out = play({"stop_training_match": "python", "stop_training_tmux_session": "",
+                    "stop_training_ladder": [{"signal": "SIGINT", "timeout": 5}, {"signal": "SIGKILL", "timeout": 5}]})
+    assert rc != 0
+    assert "Stop | Plan" in out and "Stop | Run the stop-verify-kill ladder" not in out
+    assert "networkd-dispatcher" in out and "allow_broad_match" in out
+    assert trainer_pids(graceful_trainer) == before
+    assert decoy_pids(graceful_trainer) == decoys
+    assert lock_holder(graceful_trainer) is None
+
+
 def test_check_mode_is_a_dry_run_that_shows_the_plan(graceful_trainer):
     before = trainer_pids(graceful_trainer)
     decoys = decoy_pids(graceful_trainer)
@@ -306,8 +320,8 @@ def test_concurrent_runs_one_fails_naming_the_holder_one_waits(lab):
         assert "Stop | Plan" not in out_b and "Stop | Run the stop-verify-kill ladder" not in out_b
         # A third run that may wait long enough starts after the first is done, and finds nothing to stop.
         third = start(dict(STUBBORN, stop_training_lock_timeout=300))
-        rest_a, _ = first.communicate(timeout=600)
-        out_c, _ = third.communicate(timeout=600)
+        rest_a = first.communicate(timeout=600)[0]
+        out_c = third.communicate(timeout=600)[0]
     finally:
         for proc in (first,):
             if proc.poll() is None:

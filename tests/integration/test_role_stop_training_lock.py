@@ -68,7 +68,7 @@ def test_second_run_waits_and_gets_the_lock_when_the_first_releases(path):
     time.sleep(1.0)
     assert waiter.poll() is None, "the second run must wait while the first holds the lock"
     lock("release", path, "a")
-    out, _ = waiter.communicate(timeout=30)
+    out = waiter.communicate(timeout=30)[0]
     assert waiter.returncode == 0
     result = json.loads(out)
     assert result["acquired"] and result["waited"] >= 0.9

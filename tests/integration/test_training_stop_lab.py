@@ -46,7 +46,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (  #
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
 PRECISE = r"^\S*python3 /opt/lab/trainer/fake_trainer\.py "
-LADDER = [{"signal": "SIGINT", "timeout": 30}, {"signal": "SIGTERM", "timeout": 10}, {"signal": "SIGKILL", "timeout": 5}]
+# short rungs: a slow checkpoint is protected by progress_paths, not by a long first rung
+LADDER = [{"signal": "SIGINT", "timeout": 3}, {"signal": "SIGTERM", "timeout": 5}, {"signal": "SIGKILL", "timeout": 5}]
 
 
 def lab_status() -> dict | None:
@@ -146,17 +147,29 @@ def lab_lock(status: dict, timeout: float = 600):
         os.close(fd)
 
 
+def trainer_behaviour(procs: dict[int, int]) -> str | None:
+    """The --behaviour on the running launcher's own command line (the lab's status may be stale)."""
+    for pid in procs:
+        match = re.search(r"--behaviour (\S+)", cmdline(pid))
+        if match and "--worker" not in cmdline(pid):
+            return match.group(1)
+    return None
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 @pytest.fixture
 def twin(lab):
-    """CT201 running CT200's exact trainer command line; everything restored afterwards."""
+    """CT201 running CT200's exact trainer command line; CT201 restored afterwards."""
     before = lab["containers"].get("201")
-    behaviour = lab.get("trainer", {}).get("behaviour") or "graceful"
     command = lab["trainer"]["command"]
-    if not lab["trainer"].get("running"):
-        subprocess.run([LAB, "trainer", behaviour], check=True, capture_output=True, timeout=300)
     started: dict[int, int] = {}
-    locked = lab_lock(lab)
-    locked.__enter__()
     try:
         if before != "running":
             ssh(lab, "pct", "start", "201")
@@ -169,7 +182,7 @@ def twin(lab):
         ssh(lab, "pct", "exec", "201", "--", "sh", "-c", script)
         started.update(wait_for(lambda: len(trainer_procs(201)) == 9 and trainer_procs(201), 60,
                                 "CT201 trainer with 8 workers"))
-        yield {"ct201": started, "behaviour": behaviour}
+        yield started
     finally:
         for pid in started:
             try:
@@ -178,35 +191,62 @@ def twin(lab):
                 pass
         if before != "running":
             ssh(lab, "pct", "stop", "201", check=False)
-        locked.__exit__(None, None, None)
+
+
+def ensure_ct200_trainer(lab: dict) -> dict[int, int]:
+    procs = trainer_procs(200)
+    if len(procs) != 9:
+        behaviour = lab.get("trainer", {}).get("behaviour") or "graceful"
         subprocess.run([LAB, "trainer", behaviour], check=False, capture_output=True, timeout=300)
+        procs = trainer_procs(200)
+    return procs
+
+
+EXPECTED = {"graceful": "SIGINT", "slow_checkpoint": "SIGINT", "orphans": "SIGTERM", "respawn": "SIGTERM",
+            "stubborn": "SIGKILL"}
 
 
 def test_container_scope_stops_ct200_only(lab, twin):
-    ct200 = trainer_procs(200)
-    assert len(ct200) == 9, "CT200's trainer is not complete: %s" % ct200
-    ct201 = twin["ct201"]
-    # the same regex without the scope is two jobs in two containers: refused, nothing signalled
-    broad = module_on_host(lab, {"match": PRECISE, "ladder": LADDER})
-    assert broad["ansible_rc"] != 0 and broad["msg"].startswith("match hits 2 unrelated process groups")
-    # a loose regex inside CT200 also hits the lab's editor decoy (vi with the script open): refused
-    loose = module_on_host(lab, {"container": 200, "match": r"fake_trainer\.py", "ladder": LADDER})
-    assert loose["ansible_rc"] != 0 and re.search(r"program vi\b", loose["msg"]), loose["msg"]
-    plan = module_on_host(lab, {"container": 200, "match": PRECISE, "ladder": LADDER}, check_mode=True)
-    assert plan["ansible_rc"] == 0 and sorted(e["pid"] for e in plan["selected"]) == sorted(ct200)
-    assert same(ct200) and same(ct201)
-
-    result = module_on_host(lab, {"container": 200, "match": PRECISE, "ladder": LADDER})
-    assert result["ansible_rc"] == 0, result
-    assert sorted(e["pid"] for e in result["selected"]) == sorted(ct200)
-    expected = {"graceful": "SIGINT", "slow_checkpoint": "SIGINT", "orphans": "SIGTERM", "respawn": "SIGTERM",
-                "stubborn": "SIGKILL"}[twin["behaviour"]]
-    assert result["stopped_by"] == expected and result["unkillable"] == [] and result["pidfd"] is True
-    assert not same(ct200)
-    assert same(ct201), "CT201's trainer was touched"
-    log = ssh(lab, "pct", "exec", "201", "--", "cat", "/tmp/trainer.log").stdout
-    assert "got SIG" not in log and "step " in log
-    if twin["behaviour"] != "stubborn":
-        rootfs = os.path.join(lab["lxcpath"], "200", "rootfs", "root", "dflash", "checkpoints")
-        with open(os.path.join(rootfs, "latest")) as handle:
-            assert verify_checkpoint(os.path.join(rootfs, handle.read().strip())) >= 682
+    """Other tests share CT200's trainer; the lab lock keeps 'lab trainer' away, and a run that another test
+    disturbed anyway (its trainer changed before the real stop) is retried, then skipped with the reason."""
+    ckpt = os.path.join(lab["lxcpath"], "200", "rootfs", "root", "dflash", "checkpoints")
+    try:
+        for _attempt in range(3):
+            ensure_ct200_trainer(lab)
+            with lab_lock(lab):
+                ct200 = trainer_procs(200)
+                behaviour = trainer_behaviour(ct200)
+                if len(ct200) != 9 or behaviour not in EXPECTED:
+                    continue
+                # the same regex without the scope is two jobs in two containers: refused, nothing signalled
+                broad = module_on_host(lab, {"match": PRECISE, "ladder": LADDER})
+                assert broad["ansible_rc"] != 0 and broad["msg"].startswith("match hits 2 unrelated process groups")
+                # a loose regex inside CT200 also hits the lab's editor decoy (vi with the script open): refused
+                loose = module_on_host(lab, {"container": 200, "match": r"fake_trainer\.py", "ladder": LADDER})
+                assert loose["ansible_rc"] != 0 and re.search(r"program vi\b", loose["msg"]), loose["msg"]
+                plan = module_on_host(lab, {"container": 200, "match": PRECISE, "ladder": LADDER}, check_mode=True)
+                assert plan["ansible_rc"] == 0
+                assert same(twin), "CT201's trainer was touched"
+                if not same(ct200) or sorted(e["pid"] for e in plan["selected"]) != sorted(ct200):
+                    continue  # another test restarted or stopped CT200's trainer meanwhile
+                t_before = time.time()
+                # progress_paths: the checkpoint directory as the PVE host sees it (the container's rootfs)
+                result = module_on_host(lab, {"container": 200, "match": PRECISE, "ladder": LADDER,
+                                              "progress_paths": [ckpt], "progress_stall": 3})
+                assert result["ansible_rc"] == 0, result
+                assert sorted(e["pid"] for e in result["selected"]) == sorted(ct200)
+                assert result["stopped_by"] == EXPECTED[behaviour], (behaviour, result["rungs"])
+                assert result["unkillable"] == [] and result["pidfd"] is True and not same(ct200)
+                assert same(twin), "CT201's trainer was touched"
+                log = ssh(lab, "pct", "exec", "201", "--", "cat", "/tmp/trainer.log").stdout
+                assert "got SIG" not in log and "step " in log
+                if behaviour != "stubborn":
+                    with open(os.path.join(ckpt, "latest")) as handle:
+                        path = os.path.join(ckpt, handle.read().strip())
+                    assert verify_checkpoint(path) >= 682 and os.path.getmtime(path) >= t_before - 1
+                if behaviour == "slow_checkpoint":
+                    assert result["rungs"][0]["extended_by"] > 0
+                return
+        pytest.skip("other tests kept restarting or stopping CT200's trainer; nothing was judged")
+    finally:
+        ensure_ct200_trainer(lab)

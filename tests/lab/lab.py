@@ -138,7 +138,7 @@ def log(msg: str) -> None:
 def run(cmd: list[str], timeout: float = 60, check: bool = True, input: bytes | None = None,
         env: dict | None = None) -> subprocess.CompletedProcess:
     try:
-        res = subprocess.run(cmd, capture_output=True, timeout=timeout, input=input, env=env)
+        res = subprocess.run(cmd, capture_output=True, timeout=timeout, input=input, env=env, check=False)
     except subprocess.TimeoutExpired:
         raise LabError("timed out after %ss: %s" % (timeout, shlex.join(cmd))) from None
     except FileNotFoundError:
@@ -245,7 +245,7 @@ def kill_refs(refs: list[dict], timeout: float = 15.0, with_descendants: bool = 
 def reap_children_nohang() -> None:
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid = os.waitpid(-1, os.WNOHANG)[0]
         except ChildProcessError:
             return
         if pid == 0:
@@ -464,27 +464,52 @@ def customize_rootfs(rootfs: str, hostname: str) -> None:
     sync_lab_files(rootfs)
 
 
+def _tree_files(top: str) -> dict[str, str]:
+    """Relative path -> absolute path of the regular files to copy (no caches, no tests)."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if d not in ("__pycache__", "tests")]
+        for name in filenames:
+            if name.endswith(".pyc") or name.startswith("test_"):
+                continue
+            path = os.path.join(dirpath, name)
+            if os.path.isfile(path):
+                out[os.path.relpath(path, top)] = path
+    return out
+
+
 def sync_lab_files(rootfs: str) -> None:
-    """Copy tests/lab/trainer and tests/lab/fakegpu to /opt/lab/ in the container (replacing old copies)."""
-    dest_root = os.path.join(rootfs, CT_LAB.lstrip("/"))
-    os.makedirs(dest_root, exist_ok=True)
+    """Mirror tests/lab/trainer and tests/lab/fakegpu into /opt/lab/ in the container.
+
+    File by file with an atomic rename, and only what changed: tools in the
+    container (nvidia-smi every few seconds) never see a missing file.
+    """
     for name in ("trainer", "fakegpu"):
-        src = os.path.join(HERE, name)
-        dest = os.path.join(dest_root, name)
-        if not os.path.isdir(src):
+        src_top = os.path.join(HERE, name)
+        if not os.path.isdir(src_top):
             continue
-        new = dest + ".new"
-        if os.path.exists(new):
-            shutil.rmtree(new)
-        shutil.copytree(src, new, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "test_*", "tests"))
-        old = dest + ".old"
-        if os.path.exists(dest):
-            if os.path.exists(old):
-                shutil.rmtree(old)
-            os.rename(dest, old)
-        os.rename(new, dest)
-        if os.path.exists(old):
-            shutil.rmtree(old)
+        dest_top = os.path.join(rootfs, CT_LAB.lstrip("/"), name)
+        want = _tree_files(src_top)
+        for rel, src in want.items():
+            dest = os.path.join(dest_top, rel)
+            with open(src, "rb") as handle:
+                data = handle.read()
+            mode = os.stat(src).st_mode & 0o777
+            try:
+                with open(dest, "rb") as handle:
+                    if handle.read() == data and (os.stat(dest).st_mode & 0o777) == mode:
+                        continue
+            except OSError:
+                pass
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            tmp = "%s.lab-%d" % (dest, os.getpid())
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, dest)
+        if os.path.isdir(dest_top):
+            for rel in set(_tree_files(dest_top)) - set(want):
+                os.unlink(os.path.join(dest_top, rel))
 
 
 def ensure_container(vmid: str, hostname: str, cache: str) -> None:
@@ -760,7 +785,7 @@ def supervise() -> int:
         atomic_write(SUPERVISOR_FILE, json.dumps(info, indent=1) + "\n")
         while True:
             try:
-                pid, _ = os.waitpid(-1, 0)  # reaps sshd sessions' orphans and lxc monitors too
+                pid = os.waitpid(-1, 0)[0]  # reaps sshd sessions' orphans and lxc monitors too
             except ChildProcessError:
                 time.sleep(1)
                 continue
@@ -982,7 +1007,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not has_session(MAIN_CT, TRAINER_SESSION):
             new_trainer_session()
         ensure_decoys(MAIN_CT)
-        behaviour = args.behaviour or state.get("trainer", {}).get("behaviour") or DEFAULT_BEHAVIOUR
+        behaviour = args.behaviour or DEFAULT_BEHAVIOUR  # a restart returns to the baseline
         if os.path.exists(os.path.join(HERE, "trainer", "fake_trainer.py")):
             if args.behaviour or not trainer_ok:
                 log("starting the %s trainer in tmux session %s" % (behaviour, TRAINER_SESSION))
@@ -1075,6 +1100,9 @@ def status_dict() -> dict:
         "node": NODE,
         "key": KEY,
         "known_hosts": KNOWN_HOSTS,
+        # argv prefix for OpenSSH; append USER@HOST and the remote command
+        "ssh": ["ssh", "-F", "/dev/null", "-i", KEY, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+                "-o", "UserKnownHostsFile=%s" % KNOWN_HOSTS, "-o", "StrictHostKeyChecking=yes", "-p", str(PORT)],
         "users": {
             "root": {"sudo": None, "note": "key login"},
             SUDO_USER: {"sudo": "NOPASSWD: /usr/sbin/pct", "note": "key login, sudo -n pct only"},
@@ -1132,8 +1160,10 @@ def cmd_trainer(args: argparse.Namespace) -> int:
         if ct_state(MAIN_CT) != "running":
             raise LabError("CT%s is not running: run 'tests/lab/lab up' first" % MAIN_CT)
         state = load_json(STATE_FILE)
+        wait_booted(MAIN_CT)  # e.g. right after a test's 'pct reboot 200'
         sync_lab_files(os.path.join(LXCPATH, MAIN_CT, "rootfs"))
         start_trainer(state, args.behaviour)
+        ensure_decoys(MAIN_CT)  # a container restart takes the decoy tmux sessions with it
     print(json.dumps(status_dict()["trainer"], indent=1, sort_keys=True))
     return 0
 

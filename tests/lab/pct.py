@@ -193,7 +193,7 @@ def load_config(vmid: str) -> list[tuple[str, str]]:
                 continue
             if line.startswith("["):  # snapshot sections
                 break
-            key, _, value = line.partition(":")
+            key, dummy, value = line.partition(":")
             entries.append((key.strip(), value.strip()))
     return entries
 
@@ -205,12 +205,12 @@ def lxc(tool: str, vmid: str, *args: str) -> list[str]:
 def check_running(vmid: str) -> bool:
     if not os.path.isdir(os.path.join(LXCPATH, vmid)):
         return False
-    res = subprocess.run(lxc("lxc-info", vmid, "-s", "-H"), capture_output=True, text=True, timeout=30)
+    res = subprocess.run(lxc("lxc-info", vmid, "-s", "-H"), capture_output=True, text=True, timeout=30, check=False)
     return res.returncode == 0 and res.stdout.strip() == "RUNNING"
 
 
 def init_pid(vmid: str) -> int:
-    res = subprocess.run(lxc("lxc-info", vmid, "-p", "-H"), capture_output=True, text=True, timeout=30)
+    res = subprocess.run(lxc("lxc-info", vmid, "-p", "-H"), capture_output=True, text=True, timeout=30, check=False)
     try:
         return int(res.stdout.strip())
     except ValueError:
@@ -302,9 +302,9 @@ def vmstatus(vmid: str, conf: dict, running: bool) -> dict:
             stat["uptime"] = int(uptime - start / os.sysconf("SC_CLK_TCK"))
         except (OSError, ValueError, IndexError):
             pass
-        res = subprocess.run(lxc("lxc-info", vmid, "-S", "-H"), capture_output=True, text=True, timeout=30)
+        res = subprocess.run(lxc("lxc-info", vmid, "-S", "-H"), capture_output=True, text=True, timeout=30, check=False)
         for line in res.stdout.splitlines():
-            key, _, value = line.partition(":")
+            key, dummy, value = line.partition(":")
             if key.strip() == "Memory use":
                 try:
                     stat["mem"] = int(value.strip())
@@ -321,13 +321,13 @@ def vmstatus(vmid: str, conf: dict, running: bool) -> dict:
 
 
 def wait_state(vmid: str, state: str, timeout: int) -> bool:
-    res = subprocess.run(lxc("lxc-wait", vmid, "-s", state, "-t", str(timeout)), capture_output=True, timeout=timeout + 10)
+    res = subprocess.run(lxc("lxc-wait", vmid, "-s", state, "-t", str(timeout)), capture_output=True, timeout=timeout + 10, check=False)
     return res.returncode == 0
 
 
 def do_start(vmid: str) -> None:
     # unverified: real pct starts through pve-container@VMID.service; the lab calls lxc-start directly.
-    res = subprocess.run(lxc("lxc-start", vmid), capture_output=True, text=True, timeout=60)
+    res = subprocess.run(lxc("lxc-start", vmid), capture_output=True, text=True, timeout=60, check=False)
     if res.returncode != 0 or not wait_state(vmid, "RUNNING", 30):
         sys.stderr.write(res.stderr)
         raise die("startup for container '%s' failed" % vmid)
@@ -353,7 +353,7 @@ def vm_stop(vmid: str, kill: bool, timeout: int | None, kill_after_timeout: bool
         cmd += ["--timeout", str(timeout if timeout is not None else 60)]
     limit = (timeout if timeout is not None else 60) + 5
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, check=False)
         if res.returncode != 0:
             sys.stderr.write(res.stderr)
     except subprocess.TimeoutExpired:
@@ -484,7 +484,7 @@ def _in_worker(func) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    _, status = os.waitpid(child, 0)
+    status = os.waitpid(child, 0)[1]
     return os.waitstatus_to_exitcode(status) & 0xFF
 
 

@@ -1,3 +1,4 @@
+#!/bin/sh
 # Copyright (c) gpuops.repurpose contributors
 # SPDX-License-Identifier: GPL-3.0-or-later
 #

@@ -241,14 +241,18 @@ def module_env() -> dict[str, str]:
     return env
 
 
-def run_module(args: dict, check_mode: bool = False, diff: bool = False, timeout: float = 120) -> dict:
-    """Run the real module in its own process (as AnsiballZ would) and return its JSON result."""
+def run_module(args: dict, check_mode: bool = False, diff: bool = False, timeout: float = 120,
+               prefix: list[str] | None = None) -> dict:
+    """Run the real module in its own process (as AnsiballZ would) and return its JSON result.
+
+    ``prefix`` wraps the interpreter (e.g. ``setpriv ...`` to run it with fewer privileges).
+    """
     payload = dict(args)
     if check_mode:
         payload["_ansible_check_mode"] = True
     if diff:
         payload["_ansible_diff"] = True
-    done = subprocess.run([PYTHON, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": payload})],
+    done = subprocess.run(list(prefix or []) + [PYTHON, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": payload})],
                           capture_output=True, text=True, timeout=timeout, env=module_env(), cwd=ROOT,
                           stdin=subprocess.DEVNULL, check=False)
     try:

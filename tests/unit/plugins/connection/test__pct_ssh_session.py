@@ -14,6 +14,7 @@ import socket
 import stat
 
 import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
 
 

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     LadderError,
     ProcessSet,

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
 
 HOSTILE = [

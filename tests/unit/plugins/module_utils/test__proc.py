@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     ProcError,
     ancestors_of,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     Pane,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from harness import (  # noqa: E402
     Tmux,
     Trainer,
     alive,
+    cmdline,
     have_tmux,
     latest_checkpoint,
     pids_with,
@@ -287,6 +289,27 @@ def test_zombie_leader_with_live_thread_is_selected_and_not_taken_for_gone(tmp_p
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_process_it_may_not_signal_is_reported_and_fails_bounded(untouched):
+    """The module without CAP_KILL against another user's process: EPERM on every rung, reported, bounded."""
+    victim = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "300"])
+    try:
+        wait_for(lambda: "sleep" in cmdline(victim.pid), 10, what="victim exec")
+        result = run_module({"pids": [victim.pid], "kill_timeout": 0.3, "ladder": [
+            {"signal": "TERM", "timeout": 0.2}, {"signal": "KILL", "timeout": 5}]},
+            prefix=["setpriv", "--bounding-set=-kill", "--inh-caps=-kill"])
+        assert result["rc"] == 1 and "could not be signalled" in result["msg"] and "become" in result["msg"]
+        assert [r["signal"] for r in result["rungs"]] == ["SIGTERM", "SIGKILL"]
+        assert all("not permitted" in r["errors"][0] for r in result["rungs"])
+        assert result["rungs"][1]["timeout"] == 0.3  # a SIGKILL rung waits at most kill_timeout
+        entry = result["unkillable"][0]
+        assert entry["pid"] == victim.pid and entry["state"] in ("S", "R") and "wchan" in entry and entry["error"]
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
 
 
 # ---------------------------------------------------------------- tmux

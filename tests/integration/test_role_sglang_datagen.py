@@ -1,0 +1,117 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Role sglang_datagen, for real, against the CT200 lab (the SGLang stand-in serves).
+
+The real ``ansible-playbook`` through the real ``pct_ssh`` connection: venv, the
+datagen package, nine systemd units (eight workers and the router), the readiness
+gate, and the ``datagen-pipeline`` unit, which must run prepare + generate to the
+end after the play has returned. Then a second run must change nothing, and a dry
+run must report nothing to do. Skipped with the reason when the lab is not up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "tests" / "lab" / "lab"
+BIN = Path(sys.executable).parent
+CONVERGE = ROOT / "tests" / "integration" / "sglang_datagen" / "converge.yml"
+INVENTORY = ROOT / "inventories" / "lab"
+WORK = "/srv/datagen/work"
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+
+
+def lab_status():
+    if not LAB.exists():
+        return None
+    try:
+        done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
+        return json.loads(done.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+@pytest.fixture(scope="module")
+def lab():
+    if os.geteuid() != 0:
+        pytest.skip("the CT200 lab needs root")
+    status = lab_status()
+    if not status or not status.get("up") or status.get("containers", {}).get("200") != "running":
+        pytest.skip("the CT200 lab is not up with CT200 running (run: tests/lab/lab up)")
+    return status
+
+
+def in_ct(lab, *argv, check=True):
+    """A command inside CT200, straight through lxc-attach (the lab's own path, not the code under test)."""
+    done = subprocess.run(["lxc-attach", "-P", lab["lxcpath"], "-n", "200", "--", *argv],
+                          capture_output=True, text=True, timeout=60, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{argv}: rc={done.returncode} {done.stderr}")
+    return done
+
+
+def play(*extra):
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_FORCE_COLOR="0")
+    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(CONVERGE), *extra],
+                          capture_output=True, text=True, timeout=800, cwd=str(ROOT), env=env, check=False)
+    recap = re.search(r"ct200\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", done.stdout)
+    assert done.returncode == 0 and recap, done.stdout[-4000:] + done.stderr[-2000:]
+    return done.stdout, int(recap.group(2))
+
+
+def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
+    # a pipeline that must run again: no finished marker, no generated rows
+    in_ct(lab, "rm", "-f", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json")
+    out, _ = play()
+    assert "pipeline: started" in out or "pipeline: running" in out, out[-3000:]
+
+    # it runs on after the play: wait (bounded) until the unit has finished
+    deadline = time.monotonic() + 180
+    while True:
+        state = in_ct(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
+        marker = in_ct(lab, "test", "-s", f"{WORK}/pipeline.done", check=False).returncode == 0
+        if state in ("inactive", "failed") and marker:
+            break
+        assert state != "failed", in_ct(lab, "journalctl", "-u", "datagen-pipeline", "--no-pager", check=False).stdout
+        assert time.monotonic() < deadline, f"pipeline still {state}"
+        time.sleep(1)
+
+    rows = [json.loads(line) for line in in_ct(lab, "cat", f"{WORK}/generated.jsonl").stdout.splitlines()]
+    prompts = in_ct(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()
+    assert len(rows) == len(prompts) == 100
+    assert len({r["id"] for r in rows}) == 100
+    assert {r["server"] for r in rows} == {"http://127.0.0.1:30000"}  # through the router
+    assert all(r["model"] == "lab-model" and r["messages"][-1]["role"] == "assistant" for r in rows)
+
+    # the units are real systemd units, enabled, one worker per fake GPU
+    for unit in [f"sglang-datagen-worker@{i}.service" for i in range(8)] + ["sglang-datagen-router.service"]:
+        assert in_ct(lab, "systemctl", "is-active", unit, check=False).stdout.strip() == "active", unit
+    env3 = in_ct(lab, "cat", "/opt/datagen/workers/worker-3.env").stdout
+    assert "CUDA_VISIBLE_DEVICES=3" in env3 and "SGLANG_DATAGEN_PORT=31003" in env3
+
+    # status from another process while nothing runs
+    status = in_ct(lab, "env", "PYTHONPATH=/opt/datagen/lib", "/opt/datagen/venv/bin/python", "-m", "datagen",
+                   "status", "--config", "/opt/datagen/datagen.yml").stdout
+    status = json.loads(status)
+    assert (status["state"], status["done"], status["total"], status["running"]) == ("finished", 100, 100, False)
+
+    # again: nothing changes and the finished pipeline is not started again
+    out, changed = play()
+    assert changed == 0, out[-4000:]
+    assert "finished for this config" in out
+
+    # dry run: nothing to do either
+    out, changed = play("--check")
+    assert changed == 0, out[-4000:]
