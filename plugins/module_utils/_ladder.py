@@ -31,9 +31,11 @@ import typing as t
 from dataclasses import dataclass, field
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
-    parse_stat,
+    has_live_thread,
+    list_pids,
     read_process,
     read_starttime,
+    read_stat,
     read_wchan,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
@@ -187,27 +189,14 @@ def pidfd_supported() -> bool:
 def _thread_group_gone(pid: int, starttime: int, proc_root: str) -> bool:
     """Polling view of 'exited': gone, reused, or a zombie with no live thread."""
     try:
-        with open("%s/%d/stat" % (proc_root, pid), encoding="utf-8", errors="replace") as handle:
-            stat = parse_stat(handle.read())
-    except (OSError, ValueError):
+        stat = read_stat(pid, proc_root)
+    except OSError:
         return True
-    if stat.starttime != starttime:
+    if stat is None or stat.starttime != starttime:
         return True
     if stat.state not in ("Z", "X"):
         return False
-    try:
-        tids = os.listdir("%s/%d/task" % (proc_root, pid))
-    except OSError:
-        return True
-    for tid in tids:
-        try:
-            with open("%s/%d/task/%s/stat" % (proc_root, pid, tid), encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
-        except OSError:
-            continue
-        if text[text.rfind(")") + 2:].split()[:1] not in (["Z"], ["X"]):
-            return False
-    return True
+    return not has_live_thread(pid, proc_root)
 
 
 @dataclass
@@ -258,14 +247,18 @@ class ProcessSet:
     def live(self) -> list[Handle]:
         return sorted((h for h in self.handles.values() if h.exited_at is None), key=lambda h: (h.depth, h.pid))
 
-    def _mark_gone(self, handle: Handle) -> None:
-        if handle.exited_at is None:
-            handle.exited_at = self.clock()
+    def _release(self, handle: Handle) -> None:
+        """Stop polling and close the member's pidfd (if it has one)."""
         if handle.fd is not None:
             self._poller.unregister(handle.fd)
             del self._by_fd[handle.fd]
             os.close(handle.fd)
             handle.fd = None
+
+    def _mark_gone(self, handle: Handle) -> None:
+        if handle.exited_at is None:
+            handle.exited_at = self.clock()
+        self._release(handle)
 
     def send(self, handle: Handle, signum: int) -> bool:
         """Signal one member; False when it had already exited (never an error) or may not be signalled.
@@ -315,11 +308,7 @@ class ProcessSet:
 
     def close(self) -> None:
         for handle in self.handles.values():
-            if handle.fd is not None:
-                self._poller.unregister(handle.fd)
-                del self._by_fd[handle.fd]
-                os.close(handle.fd)
-                handle.fd = None
+            self._release(handle)
 
 
 # ---------------------------------------------------------------- the ladder
@@ -477,15 +466,14 @@ def stat_children(parents: t.Collection[int], proc_root: str = "/proc") -> list[
     frontier = True
     while frontier:
         frontier = False
-        for name in os.listdir(proc_root):
-            if not name.isdigit() or int(name) in wanted:
+        for pid in list_pids(proc_root):
+            if pid in wanted:
                 continue
             try:
-                with open("%s/%s/stat" % (proc_root, name), encoding="utf-8", errors="replace") as handle:
-                    stat = parse_stat(handle.read())
-            except (OSError, ValueError):
+                stat = read_stat(pid, proc_root)
+            except OSError:
                 continue
-            if stat.ppid in wanted and stat.state not in ("Z", "X"):
+            if stat is not None and stat.ppid in wanted and stat.state not in ("Z", "X"):
                 wanted.add(stat.pid)
                 found.append((stat.pid, stat.starttime, stat.pgid))
                 frontier = True

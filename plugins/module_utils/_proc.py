@@ -37,6 +37,7 @@ class StatFields:
     sid: int
     flags: int
     starttime: int  # clock ticks since boot; with pid it names one process for good
+    tpgid: int = 0  # foreground process group of the controlling terminal (0 or -1 without one)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ def parse_stat(text: str) -> StatFields:
             sid=int(rest[3]),
             flags=int(rest[6]),
             starttime=int(rest[19]),
+            tpgid=int(rest[5]),
         )
     except ValueError as exc:
         raise ProcError("bad number in stat line %r: %s" % (text[:80], exc)) from exc
@@ -151,7 +153,7 @@ def container_vmid_from_cgroup(cgroup_text: str) -> int | None:
 
 
 def _read_text(path: str) -> str:
-    with open(path, "r", encoding="utf-8", errors="surrogateescape") as handle:
+    with open(path, encoding="utf-8", errors="surrogateescape") as handle:
         return handle.read()
 
 
@@ -189,12 +191,96 @@ def read_process(pid: int, proc_root: str = "/proc") -> ProcessInfo | None:
     )
 
 
-def read_starttime(pid: int, proc_root: str = "/proc") -> int | None:
-    """Just the start time (cheap identity check), or None when gone."""
+def read_stat(pid: int, proc_root: str = "/proc") -> StatFields | None:
+    """Just ``/proc/PID/stat``, parsed, or None when the process is gone."""
     try:
-        return parse_stat(_read_text("%s/%d/stat" % (proc_root, pid))).starttime
+        return parse_stat(_read_text("%s/%d/stat" % (proc_root, pid)))
     except (FileNotFoundError, ProcessLookupError):
         return None
+
+
+def read_starttime(pid: int, proc_root: str = "/proc") -> int | None:
+    """Just the start time (cheap identity check), or None when gone."""
+    stat = read_stat(pid, proc_root)
+    return stat.starttime if stat is not None else None
+
+
+def _read_raw(path: str) -> bytes:
+    # os.open/os.read: no buffered/text layers; a full-table scan is the cost before a first signal
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:  # only a huge cmdline needs more than one read
+            chunks.append(os.read(fd, 65536))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_process_light(pid: int, proc_root: str = "/proc") -> ProcessInfo | None:
+    """stat + cmdline only: enough to match and to walk the tree (half the reads of :func:`read_process`).
+
+    No uid, cgroup or NSpid. None when the process is gone or its stat is unreadable.
+    """
+    base = "%s/%d" % (proc_root, pid)
+    try:
+        stat = parse_stat(_read_raw(base + "/stat").decode("utf-8", "surrogateescape"))
+        cmdline = parse_cmdline(_read_raw(base + "/cmdline"))
+    except (FileNotFoundError, ProcessLookupError, ProcError):
+        return None
+    return ProcessInfo(pid=stat.pid, ppid=stat.ppid, pgid=stat.pgid, sid=stat.sid, state=stat.state,
+                       starttime=stat.starttime, comm=stat.comm, cmdline=cmdline,
+                       is_kernel_thread=bool(stat.flags & PF_KTHREAD))
+
+
+def task_states(pid: int, proc_root: str = "/proc") -> list[str]:
+    """The state letter of each thread of ``pid`` ([] when gone); threads vanishing meanwhile are skipped."""
+    states = []
+    try:
+        tids = os.listdir("%s/%d/task" % (proc_root, pid))
+    except OSError:
+        return states
+    for tid in tids:
+        try:
+            with open("%s/%d/task/%s/stat" % (proc_root, pid, tid), encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        rest = text[text.rfind(")") + 2:].split()
+        if rest:
+            states.append(rest[0])
+    return states
+
+
+def has_live_thread(pid: int, proc_root: str = "/proc") -> bool:
+    """True when any thread of ``pid`` is not a zombie: a ``Z`` leader may still be a live process."""
+    return any(state not in ("Z", "X") for state in task_states(pid, proc_root))
+
+
+def live_thread_cmdline(pid: int, proc_root: str = "/proc") -> tuple[str, ...]:
+    """A zombie leader's own cmdline reads empty; a live thread still shows the process's."""
+    try:
+        tids = os.listdir("%s/%d/task" % (proc_root, pid))
+    except OSError:
+        return ()
+    for tid in tids:
+        try:
+            with open("%s/%d/task/%s/cmdline" % (proc_root, pid, tid), "rb") as handle:
+                raw = handle.read()
+        except OSError:
+            continue
+        if raw:
+            return parse_cmdline(raw)
+    return ()
+
+
+def boot_time(proc_root: str = "/proc") -> float:
+    """The boot time in seconds since the epoch (``btime``): turns a start time into a wall-clock time."""
+    with open(proc_root + "/stat", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    raise ProcError("no btime in %s/stat" % proc_root)
 
 
 def list_pids(proc_root: str = "/proc") -> list[int]:
@@ -239,18 +325,7 @@ def fd_targets(pid: int, proc_root: str = "/proc") -> list[str]:
     Unreadable or vanished processes give an empty list: callers scan every
     process and must not fail on one that exits mid-scan.
     """
-    fd_dir = "%s/%d/fd" % (proc_root, pid)
-    try:
-        names = os.listdir(fd_dir)
-    except OSError:
-        return []
-    targets = []
-    for name in names:
-        try:
-            targets.append(os.readlink(fd_dir + "/" + name))
-        except OSError:
-            continue
-    return targets
+    return [target for fd_path, target in fd_links(pid, proc_root)]
 
 
 def fd_links(pid: int, proc_root: str = "/proc") -> list[tuple[str, str]]:

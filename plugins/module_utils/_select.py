@@ -42,15 +42,17 @@ import typing as t
 from dataclasses import dataclass, replace
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
-    PF_KTHREAD,
     ProcError,
     ProcessInfo,
     ancestors_of,
+    boot_time,
     container_vmid_from_cgroup,
+    has_live_thread,
     list_pids,
-    parse_cmdline,
-    parse_stat,
+    live_thread_cmdline,
     read_process,
+    read_process_light,
+    read_stat,
 )
 
 INTERPRETERS = re.compile(r"^(?:python[0-9.]*|pypy[0-9.]*|bash|sh|dash|zsh|perl|ruby|node|env|uv|conda)$")
@@ -83,72 +85,6 @@ class Pane:
 
 # ---------------------------------------------------------------- system readers
 
-def _task_states(pid: int, proc_root: str) -> list[str]:
-    states = []
-    try:
-        tids = os.listdir("%s/%d/task" % (proc_root, pid))
-    except OSError:
-        return states
-    for tid in tids:
-        try:
-            with open("%s/%d/task/%s/stat" % (proc_root, pid, tid), encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
-        except OSError:
-            continue
-        rest = text[text.rfind(")") + 2:].split()
-        if rest:
-            states.append(rest[0])
-    return states
-
-
-def has_live_thread(pid: int, proc_root: str = "/proc") -> bool:
-    """True when any thread of ``pid`` is not a zombie: a ``Z`` leader may still be a live process."""
-    return any(state not in ("Z", "X") for state in _task_states(pid, proc_root))
-
-
-def _live_thread_cmdline(pid: int, proc_root: str) -> tuple[str, ...]:
-    """A zombie leader's own cmdline reads empty; a live thread still shows the process's."""
-    try:
-        tids = os.listdir("%s/%d/task" % (proc_root, pid))
-    except OSError:
-        return ()
-    for tid in tids:
-        try:
-            with open("%s/%d/task/%s/cmdline" % (proc_root, pid, tid), "rb") as handle:
-                raw = handle.read()
-        except OSError:
-            continue
-        if raw:
-            parts = raw.rstrip(b"\0").split(b"\0")
-            return tuple(p.decode("utf-8", "surrogateescape") for p in parts)
-    return ()
-
-
-def _read_raw(path: str) -> bytes:
-    # os.open/os.read: no buffered/text layers; the full-table scan is the cost before the first signal
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = [os.read(fd, 65536)]
-        while len(chunks[-1]) == 65536:  # only a huge cmdline needs more than one read
-            chunks.append(os.read(fd, 65536))
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def _read_light(pid: int, proc_root: str) -> ProcessInfo | None:
-    """stat + cmdline only: enough to match and to walk the tree (half the reads of ``read_process``)."""
-    base = "%s/%d" % (proc_root, pid)
-    try:
-        stat = parse_stat(_read_raw(base + "/stat").decode("utf-8", "surrogateescape"))
-        cmdline = parse_cmdline(_read_raw(base + "/cmdline"))
-    except (FileNotFoundError, ProcessLookupError, ProcError):
-        return None
-    return ProcessInfo(pid=stat.pid, ppid=stat.ppid, pgid=stat.pgid, sid=stat.sid, state=stat.state,
-                       starttime=stat.starttime, comm=stat.comm, cmdline=cmdline,
-                       is_kernel_thread=bool(stat.flags & PF_KTHREAD))
-
-
 def _keep(info: ProcessInfo | None, proc_root: str) -> ProcessInfo | None:
     """None for true zombies (no live thread: already gone); a zombie leader shows a live thread's cmdline."""
     if info is None:
@@ -157,7 +93,7 @@ def _keep(info: ProcessInfo | None, proc_root: str) -> ProcessInfo | None:
         if not has_live_thread(info.pid, proc_root):
             return None
         if not info.cmdline:
-            info = replace(info, cmdline=_live_thread_cmdline(info.pid, proc_root))
+            info = replace(info, cmdline=live_thread_cmdline(info.pid, proc_root))
     return info
 
 
@@ -165,7 +101,7 @@ def read_table(proc_root: str = "/proc", light: bool = False) -> dict[int, Proce
     """Every live process; ``light`` reads only stat and cmdline (no uid, cgroup, NSpid)."""
     table: dict[int, ProcessInfo] = {}
     for pid in list_pids(proc_root):
-        info = _keep(_read_light(pid, proc_root) if light else read_process(pid, proc_root), proc_root)
+        info = _keep(read_process_light(pid, proc_root) if light else read_process(pid, proc_root), proc_root)
         if info is not None:
             table[pid] = info
     return table
@@ -208,25 +144,20 @@ def parse_pid_file(text: str, path: str = "pid file") -> int:
 def read_tpgid(pid: int, proc_root: str = "/proc") -> int:
     """The foreground process group of ``pid``'s terminal (0 or -1 without one): what Ctrl-C reaches."""
     try:
-        with open("%s/%d/stat" % (proc_root, pid), encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-        return int(text[text.rfind(")") + 2:].split()[5])
-    except (OSError, ValueError, IndexError):
+        stat = read_stat(pid, proc_root)
+    except (OSError, ProcError):
         return 0
-
-
-def boot_time(proc_root: str = "/proc") -> float:
-    with open(proc_root + "/stat", encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith("btime "):
-                return float(line.split()[1])
-    raise SelectError("no btime in %s/stat" % proc_root)
+    return stat.tpgid if stat is not None else 0
 
 
 def started_after(info: ProcessInfo, wall_time: float, proc_root: str = "/proc", slack: float = 1.0) -> bool:
     """Did ``info`` start after ``wall_time``? (Then it cannot have written a pid file then: PID reuse.)"""
     ticks = os.sysconf("SC_CLK_TCK")
-    return boot_time(proc_root) + info.starttime / ticks > wall_time + slack
+    try:
+        booted = boot_time(proc_root)
+    except ProcError as exc:
+        raise SelectError(str(exc)) from None
+    return booted + info.starttime / ticks > wall_time + slack
 
 
 def tmux_list_panes_argv(socket: str | None = None, tmux: str = "tmux") -> list[str]:

@@ -272,6 +272,7 @@ history:
 import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import (  # noqa: E402
     DEFAULT_DEVICE_PATHS,
     DEFAULT_IGNORE_PROCESSES,

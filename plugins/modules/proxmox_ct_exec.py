@@ -9,7 +9,8 @@ DOCUMENTATION = r"""
 module: proxmox_ct_exec
 short_description: Run one command inside a Proxmox VE LXC container with C(pct exec)
 version_added: 0.1.0
-author: gpuops.repurpose contributors
+author:
+  - gpuops.repurpose contributors (!UNKNOWN)
 description:
   - Runs on the Proxmox VE host (its own ordinary connection) and executes one command inside container O(vmid)
     through C(pct exec), the way M(community.docker.docker_container_exec) does for Docker.
@@ -91,14 +92,19 @@ options:
     default: /usr/sbin/pct
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports the C(pct) command it would run; O(creates)/O(removes) are still checked (read-only).
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   platform:
+    description: Target OS/families that can be operated against.
+    support: full
     platforms: posix
-    description: The Proxmox VE host (needs C(pct) and root; use C(become)).
+    details: The Proxmox VE host (needs C(pct) and root; use C(become)).
   idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: partial
     details: Only with O(creates) or O(removes); otherwise the command runs every time, like M(ansible.builtin.command).
 notes:
@@ -154,12 +160,12 @@ stderr:
   type: str
   sample: ""
 stdout_lines:
-  description: O(stdout) split into lines.
+  description: RV(stdout) split into lines.
   returned: always
   type: list
   elements: str
 stderr_lines:
-  description: O(stderr) split into lines.
+  description: RV(stderr) split into lines.
   returned: always
   type: list
   elements: str
@@ -193,9 +199,8 @@ msg:
   type: str
 """
 
+import math  # noqa: E402
 import os  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 import typing as t  # noqa: E402
 
@@ -216,26 +221,26 @@ class ExecFailure(Exception):
         self.result = result
 
 
-def run(argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> t.Tuple[int, bytes, bytes, bool]:
-    """Run ARGV on the host in its own session; on TIMEOUT kill that whole session."""
-    proc = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+def run(module: AnsibleModule, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> t.Tuple[int, bytes, bytes, bool]:
+    """Run ARGV on the host under a host-side ``timeout -s KILL`` (it kills its whole process group).
+
+    Nothing is expanded: ``expand_user_and_vars=False`` keeps ``~`` and ``$X`` in arguments literal.
+    """
+    limit = max(1, int(math.ceil(timeout)))
+    started = time.monotonic()
+    rc, out, err = module.run_command(
+        ["timeout", "-s", "KILL", "%ds" % limit] + argv,
+        data=stdin,
+        binary_data=True,
+        encoding=None,
+        expand_user_and_vars=False,
     )
-    try:
-        out, err = proc.communicate(stdin, timeout=timeout)
-        return proc.returncode, out, err, False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return proc.returncode, out, err, True
+    hung = rc == 137 and time.monotonic() - started >= limit - 0.5
+    return rc, out, err, hung
 
 
-def ct_status(pct_path: str, vmid: int) -> str:
-    rc, out, err, hung = run(_pct.pct_argv("status", vmid, pct_path=pct_path), None, 60)
+def ct_status(module: AnsibleModule, pct_path: str, vmid: int) -> str:
+    rc, out, err, hung = run(module, _pct.pct_argv("status", vmid, pct_path=pct_path), None, 60)
     text = err.decode("utf-8", "replace").strip()
     if hung:
         raise ExecFailure("`pct status %d` did not answer within 60 s" % vmid)
@@ -249,28 +254,28 @@ def ct_status(pct_path: str, vmid: int) -> str:
         raise ExecFailure(str(e)) from None
 
 
-def start_and_wait(pct_path: str, vmid: int, timeout: int) -> None:
+def start_and_wait(module: AnsibleModule, pct_path: str, vmid: int, timeout: int) -> None:
     deadline = Deadline(timeout)
-    rc, out, err, hung = run(_pct.pct_argv("start", vmid, pct_path=pct_path), None, max(1.0, deadline.remaining()))
+    rc, out, err, hung = run(module, _pct.pct_argv("start", vmid, pct_path=pct_path), None, max(1.0, deadline.remaining()))
     if hung or rc != 0:
         raise ExecFailure("`pct start %d` failed (rc %s): %s" % (vmid, rc, err.decode("utf-8", "replace").strip()), ct_status="stopped")
     probe = _pct.exec_argv(vmid, ["true"], pct_path=pct_path)
     while True:
-        rc, _, err, _ = run(probe, None, max(1.0, min(deadline.remaining(), 10)))
+        rc, _, err, _ = run(module, probe, None, max(1.0, min(deadline.remaining(), 10)))
         if rc == 0:
             return
         if deadline.expired():
             raise ExecFailure(
                 "container %d was started but did not accept commands within start_timeout=%ds: %s"
                 % (vmid, timeout, err.decode("utf-8", "replace").strip()),
-                ct_status=ct_status(pct_path, vmid),
+                ct_status=ct_status(module, pct_path, vmid),
                 started=True,
             )
         time.sleep(min(0.2, deadline.remaining()))
 
 
-def path_exists(pct_path: str, vmid: int, path: str, keep_env: t.Optional[bool]) -> bool:
-    rc, _, err, hung = run(_pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env, pct_path=pct_path), None, 60)
+def path_exists(module: AnsibleModule, pct_path: str, vmid: int, path: str, keep_env: t.Optional[bool]) -> bool:
+    rc, _, err, hung = run(module, _pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env, pct_path=pct_path), None, 60)
     if hung or rc not in (0, 1):
         raise ExecFailure("could not check %s inside container %d (rc %s): %s" % (path, vmid, rc, err.decode("utf-8", "replace").strip()))
     return rc == 0
@@ -331,7 +336,7 @@ def main() -> None:
 
 
 def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
-    status = ct_status(p["pct_path"], vmid)
+    status = ct_status(module, p["pct_path"], vmid)
     out: t.Dict[str, t.Any] = {"ct_status": status}
     if status != "running":
         if not p["ensure_running"]:
@@ -341,11 +346,11 @@ def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t
         if module.check_mode:
             out.update(changed=True, msg="would start container %d and run the command" % vmid)
             return out
-        start_and_wait(p["pct_path"], vmid, p["start_timeout"])
-        out.update(started=True, changed=True, ct_status=ct_status(p["pct_path"], vmid))
+        start_and_wait(module, p["pct_path"], vmid, p["start_timeout"])
+        out.update(started=True, changed=True, ct_status=ct_status(module, p["pct_path"], vmid))
 
     for path, want, verb in ((p["creates"], False, "exists"), (p["removes"], True, "does not exist")):
-        if path and path_exists(p["pct_path"], vmid, path, p["keep_env"]) != want:
+        if path and path_exists(module, p["pct_path"], vmid, path, p["keep_env"]) != want:
             out.update(rc=0, msg="skipped, since %s %s" % (path, verb))
             return out
 
@@ -357,7 +362,7 @@ def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t
     if p["stdin"] is not None:
         stdin = (p["stdin"] + ("\n" if p["stdin_add_newline"] else "")).encode("utf-8")
     started = time.monotonic()
-    rc, stdout, stderr, hung = run(cmd, stdin, p["timeout"] + p["kill_after"] + HOST_MARGIN)
+    rc, stdout, stderr, hung = run(module, cmd, stdin, p["timeout"] + p["kill_after"] + HOST_MARGIN)
     elapsed = time.monotonic() - started
     text_out = stdout.decode("utf-8", "replace")
     text_err = stderr.decode("utf-8", "replace")
@@ -371,7 +376,7 @@ def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t
         elapsed=round(elapsed, 3),
     )
     if hung:
-        out.update(failed=True, timed_out=True, msg="pct exec did not return within %ds; killed it on the host" % (p["timeout"] + p["kill_after"] + HOST_MARGIN))
+        out.update(failed=True, timed_out=True, msg="pct exec did not return within %ds; killed it (and its process group) on the host" % (p["timeout"] + p["kill_after"] + HOST_MARGIN))
     elif rc in _pct.TIMEOUT_RCS and elapsed >= p["timeout"] - 0.5:
         out.update(
             failed=True,
@@ -386,7 +391,7 @@ def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t
     elif rc != 0:
         kind = _pct.classify_failure(text_err)
         if kind == _pct.FAIL_STOPPED:
-            out["ct_status"] = ct_status(p["pct_path"], vmid)
+            out["ct_status"] = ct_status(module, p["pct_path"], vmid)
         out.update(failed=True, msg="non-zero return code")
     return out
 

@@ -51,6 +51,7 @@ KINDS = (
     "transfer",  # an SFTP read/write failed
     "master",  # the control master could not be started or reached
     "gone",  # the connection broke before the request ran: safe to retry
+    "busy",  # the server kept refusing another session (sshd MaxSessions)
     "config",  # bad settings
 )
 
@@ -264,12 +265,7 @@ class DirectSession:
         STDIN (bytes) or STDIN_PATH (a local file, streamed) feed the command;
         STDOUT_PATH streams stdout to a local file instead of memory.
         """
-        try:
-            chan = self._transport().open_session(timeout=min(timeout, 30.0))
-        except SessionError:
-            raise
-        except Exception as e:  # paramiko raises SSHException/EOFError/socket errors here
-            raise SessionError("gone", "could not open an SSH channel: %s" % e) from None
+        chan = self._open_channel(min(timeout, 60.0))
         src: t.Optional[t.BinaryIO] = open(stdin_path, "rb") if stdin_path else None
         sink: t.Optional[t.BinaryIO] = open(stdout_path, "wb") if stdout_path else None
         try:
@@ -288,23 +284,53 @@ class DirectSession:
     def _sftp(self) -> t.Any:
         """An SFTP client from the idle pool, or a new one.
 
-        Reusing clients saves starting sftp-server on the host for every
+        Reusing a client saves starting sftp-server on the host for every
         transfer (three per module upload); a client serves one request at a
-        time, so parallel tasks get their own.
+        time, so parallel tasks open their own and only one is kept idle.
         """
+        import paramiko
+
         with self._pool_lock:
             if self._pool:
                 return self._pool.pop()
+        chan = self._open_channel(60.0)
         try:
-            return self._transport().open_sftp_client()
-        except SessionError:
-            raise
+            chan.invoke_subsystem("sftp")
+            return paramiko.SFTPClient(chan)
         except Exception as e:
+            chan.close()
             raise SessionError("sftp_unavailable", "SFTP is not available on %s: %s" % (self.settings.host_label(), e)) from None
+
+    def _open_channel(self, wait: float) -> t.Any:
+        """A new session channel; while the server refuses one (sshd MaxSessions), wait up to WAIT seconds."""
+        import paramiko
+
+        deadline = time.monotonic() + wait
+        delay = 0.05
+        while True:
+            try:
+                return self._transport().open_session(timeout=max(1.0, min(deadline - time.monotonic(), 30.0)))
+            except SessionError:
+                raise
+            except (paramiko.ChannelException, paramiko.SSHException) as e:
+                # a refusal is a ChannelException, but paramiko hands it to only one of the
+                # threads waiting; the others see a bare "Unable to open channel"
+                if not self.alive():
+                    raise SessionError("gone", "could not open an SSH channel: %s" % e) from None
+                if time.monotonic() + delay >= deadline:
+                    raise SessionError(
+                        "busy",
+                        "%s refused another SSH session for %ds (%s): raise MaxSessions in its sshd_config or lower forks"
+                        % (self.settings.host_label(), wait, e),
+                    ) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except Exception as e:  # SSHException/EOFError/socket errors: the connection is gone, nothing ran
+                raise SessionError("gone", "could not open an SSH channel: %s" % e) from None
 
     def _release(self, sftp: t.Any) -> None:
         with self._pool_lock:
-            if len(self._pool) < 4 and not sftp.sock.closed:
+            if len(self._pool) < 1 and not sftp.sock.closed:  # an idle client holds one of sshd's MaxSessions
                 self._pool.append(sftp)
                 return
         sftp.close()
@@ -413,11 +439,15 @@ def _pump(chan: t.Any, stdin: t.Optional[bytes], src: t.Optional[t.BinaryIO], si
                 if not pending:
                     src = None
             if pending:
-                n = chan.send(pending[:65536])
+                try:
+                    n = chan.send(pending[:65536])
+                except OSError:  # the command exited without reading all its input: its rc tells
+                    n, pending, src = 0, memoryview(b""), None
                 pending = pending[n:]
                 progressed = True
             if not pending and src is None:
-                chan.shutdown_write()
+                if not chan.closed:
+                    chan.shutdown_write()
                 feeding = False
         if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
             # data is complete; the exit status follows (or never comes if killed)
@@ -575,7 +605,8 @@ def open_master(settings: Settings, directory: str, persist: int, start_timeout:
                 start_new_session=True,  # a Ctrl-C of the playbook must not kill a master in use by others
                 close_fds=True,
             )
-            assert proc.stdin is not None and proc.stdout is not None
+            if proc.stdin is None or proc.stdout is None:  # for the type checker: both are PIPEs
+                raise SessionError("master", "could not start the control master")
             proc.stdin.write(json.dumps(dataclasses.asdict(settings)).encode("utf-8") + b"\n")
             proc.stdin.close()
             line = b""

@@ -67,13 +67,15 @@ def lab_status() -> dict | None:
 
 
 @pytest.fixture(scope="module")
-def lab() -> dict:
+def lab():
     status = lab_status()
     if os.geteuid() != 0:
         pytest.skip("the CT200 lab needs root")
     if not status or not status.get("up"):
         pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
-    return status
+    yield status
+    # Leave the lab as other suites expect it: the default trainer running (never taken down).
+    subprocess.run([str(LAB), "trainer", "graceful"], capture_output=True, timeout=300, check=False)
 
 
 def trainer(behaviour: str) -> dict:

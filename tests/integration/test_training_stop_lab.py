@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -36,6 +35,8 @@ TRAINER = os.path.join(ROOT, "tests", "lab", "trainer", "fake_trainer.py")
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "trainer"))
 from fake_trainer import verify_checkpoint  # noqa: E402
+from trainer_harness import alive, cmdline  # noqa: E402
+from trainer_harness import wait_for as _wait_for  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, ".collections"))
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (  # noqa: E402
@@ -92,15 +93,7 @@ def trainer_procs(vmid: int) -> dict[int, int]:
 
 def same(procs: dict[int, int]) -> bool:
     """Every process still alive as the same process (pid + start time, not a zombie)."""
-    for pid, start in procs.items():
-        try:
-            with open("/proc/%d/stat" % pid) as handle:
-                rest = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return False
-        if rest[0] in ("Z", "X") or int(rest[19]) != start:
-            return False
-    return True
+    return all(alive(pid, start) for pid, start in procs.items())
 
 
 def module_on_host(status: dict, args: dict, check_mode: bool = False) -> dict:
@@ -119,19 +112,14 @@ def module_on_host(status: dict, args: dict, check_mode: bool = False) -> dict:
 
 
 def wait_for(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < end, "timed out waiting for %s" % what
-        time.sleep(0.2)
+    """Bounded wait; across containers and ssh, polled every 0.2 s."""
+    return _wait_for(predicate, timeout, 0.2, what=what)
 
 
 @contextlib.contextmanager
 def lab_lock(status: dict, timeout: float = 600):
     """The lab's own operation lock (tests/lab/lab.py ``Lock``): no ``lab trainer`` restarts CT200 meanwhile."""
-    path = "/run/gpuops-lab-%s.lock" % hashlib.sha256(os.path.abspath(status["lab_dir"]).encode()).hexdigest()[:8]
+    path = status["lock_file"]
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         end = time.monotonic() + timeout
@@ -154,14 +142,6 @@ def trainer_behaviour(procs: dict[int, int]) -> str | None:
         if match and "--worker" not in cmdline(pid):
             return match.group(1)
     return None
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            return handle.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 @pytest.fixture

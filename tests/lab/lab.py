@@ -44,13 +44,16 @@ HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
 
-def _load_module_util(name: str):
-    path = os.path.join(REPO, "plugins", "module_utils", name + ".py")
-    spec = importlib.util.spec_from_file_location("gpuops_lab_" + name.strip("_"), path)
+def _load_file(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module through sys.modules
     spec.loader.exec_module(module)
     return module
+
+
+def _load_module_util(name: str):
+    return _load_file(os.path.join(REPO, "plugins", "module_utils", name + ".py"), "gpuops_lab_" + name.strip("_"))
 
 
 _proc = _load_module_util("_proc")
@@ -838,16 +841,10 @@ def supervise() -> int:
 
 def ensure_fakegpu() -> None:
     lib = os.path.join(HERE, "fakegpu", "fakegpu.py")
-    os.makedirs(os.path.join(FAKEGPU_DIR, "dev"), exist_ok=True)
-    if os.path.exists(lib) and not os.path.exists(os.path.join(FAKEGPU_DIR, "config.json")):
+    if not os.path.exists(os.path.join(FAKEGPU_DIR, "config.json")):
         run([sys.executable, lib, "--dir", FAKEGPU_DIR, "init", "--count", str(GPU_COUNT)])
-    # The bind mounts need the device files even before the fake exists.
-    for name in ["nvidia%d" % i for i in range(GPU_COUNT)] + ["nvidiactl"]:
-        path = os.path.join(FAKEGPU_DIR, "dev", name)
-        if not os.path.exists(path):
-            with open(path, "w"):
-                pass
-            os.chmod(path, 0o666)
+    # A state dir that exists keeps its config (tests change it); the bind mounts need every device file.
+    _load_file(lib, "gpuops_lab_fakegpu").ensure_devices(FAKEGPU_DIR, GPU_COUNT)
 
 
 # ---------------------------------------------------------------- the trainer and decoys
@@ -1095,6 +1092,8 @@ def status_dict() -> dict:
     return {
         "up": bool(sshd_up and containers.get(MAIN_CT) == "running"),
         "lab_dir": LAB_DIR,
+        # up/down/trainer hold this flock; a test that must not see CT200's trainer restarted takes it too
+        "lock_file": LOCK_FILE,
         "host": HOST,
         "port": PORT,
         "node": NODE,

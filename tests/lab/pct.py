@@ -27,6 +27,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import typing as t
 
 LAB_DIR = os.environ.get("GPUOPS_LAB_DIR", "/var/lib/gpuops-lab")
 LXCPATH = os.path.join(LAB_DIR, "lxc")
@@ -362,12 +363,18 @@ def vm_stop(vmid: str, kill: bool, timeout: int | None, kill_after_timeout: bool
         raise die("container did not stop")
 
 
+def stop_running(vmid: str, kill: bool, timeout: int | None, kill_after_timeout: bool,
+                 not_running: str = "CT %s not running") -> None:
+    """What stop, shutdown and reboot share once their options are checked: a stopped CT is an error."""
+    if not check_running(vmid):
+        raise die(not_running % vmid)
+    load_config(vmid)  # in the task worker
+    vm_stop(vmid, kill, timeout, kill_after_timeout)
+
+
 def cmd_stop(params: dict, opts: dict) -> int:
     vmid = check_vmid("stop", params["vmid"])
-    if not check_running(vmid):
-        raise die("CT %s not running" % vmid)
-    load_config(vmid)
-    vm_stop(vmid, True, None, False)
+    stop_running(vmid, True, None, False)
     return 0
 
 
@@ -384,43 +391,33 @@ def cmd_shutdown(params: dict, opts: dict) -> int:
                 "shutdown", "Parameter verification failed.", {"timeout": "type check ('integer') failed - got '%s'" % opts["timeout"]}
             ) from None
     force = parse_bool("shutdown", "forceStop", opts["forceStop"]) if "forceStop" in opts else False
-    if not check_running(vmid):
-        raise die("CT %s not running" % vmid)
-    load_config(vmid)
-    vm_stop(vmid, False, timeout, force)
+    stop_running(vmid, False, timeout, force)
     return 0
 
 
 def cmd_reboot(params: dict, opts: dict) -> int:
     vmid = check_vmid("reboot", params["vmid"])
     timeout = int(opts["timeout"]) if opts.get("timeout") else None
-    if not check_running(vmid):
-        raise die("VM %s not running" % vmid)  # sic: real pct says VM here
-    load_config(vmid)
-    vm_stop(vmid, False, timeout, True)
+    stop_running(vmid, False, timeout, True, not_running="VM %s not running")  # sic: real pct says VM here
     do_start(vmid)
     return 0
 
 
+def _id(name: str | None, lookup: t.Callable[[str], int], what: str) -> int | None:
+    """A user or group given by number or by name (pct.pm's push --user/--group)."""
+    if name is None:
+        return None
+    if name.isdigit():
+        return int(name)
+    try:
+        return lookup(name)
+    except KeyError:
+        raise die("failed to get %s for: %s" % (what, name)) from None
+
+
 def _ids(user: str | None, group: str | None) -> tuple[int | None, int | None]:
-    uid = gid = None
-    if user is not None:
-        if user.isdigit():
-            uid = int(user)
-        else:
-            try:
-                uid = pwd.getpwnam(user).pw_uid
-            except KeyError:
-                raise die("failed to get uid for: %s" % user) from None
-    if group is not None:
-        if group.isdigit():
-            gid = int(group)
-        else:
-            try:
-                gid = grp.getgrnam(group).gr_gid
-            except KeyError:
-                raise die("failed to get gid for: %s" % group) from None
-    return uid, gid
+    return (_id(user, lambda name: pwd.getpwnam(name).pw_uid, "uid"),
+            _id(group, lambda name: grp.getgrnam(name).gr_gid, "gid"))
 
 
 def create_file(path: str, perms: str | None, user: str | None, group: str | None) -> int:

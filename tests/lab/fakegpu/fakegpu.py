@@ -105,20 +105,26 @@ def set_config(sdir: str | None = None, **changes) -> dict:
     return cfg
 
 
-def init(sdir: str | None = None, count: int = 8, release_delay: float = 2.0, never_release: bool = False,
-         baseline_mib: int = BASELINE_MIB, mode: str = "ok") -> dict:
-    """Create or refresh the state dir. Idempotent; device files keep their inodes (bind mounts point at them)."""
-    sdir = sdir or state_dir()
-    for sub in ("", "dev", "holders"):
-        os.makedirs(os.path.join(sdir, sub), exist_ok=True)
-    # Containers (whatever their root mapping) register holders here.
-    os.chmod(os.path.join(sdir, "holders"), 0o1777)
+def ensure_devices(sdir: str, count: int) -> None:
+    """``dev/nvidia0..N-1`` and ``dev/nvidiactl``, world-usable; existing files keep their inodes (bind mounts)."""
+    os.makedirs(os.path.join(sdir, "dev"), exist_ok=True)
     for name in ["nvidia%d" % i for i in range(count)] + ["nvidiactl"]:
         path = os.path.join(sdir, "dev", name)
         if not os.path.exists(path):
             with open(path, "w"):
                 pass
         os.chmod(path, 0o666)
+
+
+def init(sdir: str | None = None, count: int = 8, release_delay: float = 2.0, never_release: bool = False,
+         baseline_mib: int = BASELINE_MIB, mode: str = "ok") -> dict:
+    """Create or refresh the state dir. Idempotent; device files keep their inodes (bind mounts point at them)."""
+    sdir = sdir or state_dir()
+    for sub in ("", "holders"):
+        os.makedirs(os.path.join(sdir, sub), exist_ok=True)
+    # Containers (whatever their root mapping) register holders here.
+    os.chmod(os.path.join(sdir, "holders"), 0o1777)
+    ensure_devices(sdir, count)
     events = os.path.join(sdir, "events.jsonl")
     if not os.path.exists(events):
         with open(events, "w"):

@@ -34,7 +34,7 @@ class StandinProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 20.0) -> "StandinProcess":
+    def start(self, timeout: float = 20.0) -> StandinProcess:
         cmd = [self.python, STANDIN, "--port", str(self.port), "--port-file", self.port_file,
                "--model", self.model, *self.args]
         self._log = open(self.log_path, "wb")
@@ -70,7 +70,7 @@ class StandinProcess:
         if getattr(self, "_log", None):
             self._log.close()
 
-    def __enter__(self) -> "StandinProcess":
+    def __enter__(self) -> StandinProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -106,24 +106,24 @@ def agentinstruct_row(i):
 MIX = {"coding": 0.4, "math": 0.2, "science": 0.1, "general": 0.1, "tool_use": 0.1, "agent": 0.1}
 
 
+# (source name, adapter, file, row maker): one local file per adapter, Parquet for two of them
+SIX = (
+    ("infinity", "infinity_instruct", "ii.parquet", infinity_row),
+    ("webinstruct", "webinstruct", "wi.jsonl", webinstruct_row),
+    ("codefeedback", "codefeedback", "cf.jsonl", codefeedback_row),
+    ("metamath", "metamath", "mm.parquet", metamath_row),
+    ("hermes", "hermes_fc", "h.jsonl", hermes_row),
+    ("orca_agent", "orca_agentinstruct", "oa.jsonl", orca_row),
+)
+
+
 def six_sources(tmp_path, n=20):
     """One local file per adapter, in the real schemas, n rows each (Parquet for two of them)."""
     d = tmp_path / "src"
     d.mkdir(exist_ok=True)
-    return [
-        {"name": "infinity", "adapter": "infinity_instruct",
-         "path": write_parquet(d / "ii.parquet", [infinity_row(i) for i in range(n)])},
-        {"name": "webinstruct", "adapter": "webinstruct",
-         "path": write_jsonl(d / "wi.jsonl", [webinstruct_row(i) for i in range(n)])},
-        {"name": "codefeedback", "adapter": "codefeedback",
-         "path": write_jsonl(d / "cf.jsonl", [codefeedback_row(i) for i in range(n)])},
-        {"name": "metamath", "adapter": "metamath",
-         "path": write_parquet(d / "mm.parquet", [metamath_row(i) for i in range(n)])},
-        {"name": "hermes", "adapter": "hermes_fc",
-         "path": write_jsonl(d / "h.jsonl", [hermes_row(i) for i in range(n)])},
-        {"name": "orca_agent", "adapter": "orca_agentinstruct",
-         "path": write_jsonl(d / "oa.jsonl", [orca_row(i) for i in range(n)])},
-    ]
+    return [{"name": name, "adapter": adapter,
+             "path": (write_parquet if file.endswith(".parquet") else write_jsonl)(d / file, [row(i) for i in range(n)])}
+            for name, adapter, file, row in SIX]
 
 
 def write_config(tmp_path, sources, **top):

@@ -7,6 +7,7 @@ import os
 import dg_rows as fx
 import pytest
 import yaml
+
 from datagen.config import ConfigError, load_config, validate
 
 

@@ -201,7 +201,7 @@ def test_kill_9_at_several_points_leaves_every_id_exactly_once(tmp_path, standin
             if kill_at == 0:  # before the first row lands: during start-up and the readiness gate
                 wait_for(lambda: os.path.exists(tmp_path / "generate.progress.json"), what="the run to start")
             else:
-                wait_for(lambda: count_rows(tmp_path) >= kill_at, what=f"{kill_at} rows")
+                wait_for(lambda n=kill_at: count_rows(tmp_path) >= n, what=f"{kill_at} rows")
                 status = read_status(str(tmp_path))  # seen from this process while the other one runs
                 assert status["running"] is True and status["total"] == 400
                 assert status["state"] in ("running", "waiting_for_servers")
@@ -322,3 +322,13 @@ def test_permanent_errors_and_bad_input_go_to_the_errors_file(tmp_path, standin)
     assert {e["error"] for e in errors if e["status"] is None} == {"bad input: input line is not JSON",
                                                                    "bad input: row has no messages"}
     assert result["written"] == 6 and result["errors"] == 10 and result["retries"] == 0
+
+
+def test_a_full_disk_stops_the_run_with_the_reason(tmp_path, standin):
+    server = standin()
+    make_prompts(tmp_path / "prompts.jsonl", 200)
+    os.symlink("/dev/full", tmp_path / "generated.jsonl")  # every write: ENOSPC
+    with pytest.raises(GenerateError, match="cannot write .*No space left"):
+        run_generate(settings_from_config(config(tmp_path, [server.url])), str(tmp_path / "prompts.jsonl"),
+                     str(tmp_path))
+    assert read_status(str(tmp_path))["state"] == "failed"

@@ -8,6 +8,7 @@ import os
 import dg_rows as fx
 import pyarrow.parquet as pq
 import pytest
+
 from datagen.config import load_config
 from datagen.merge import run_merge
 from datagen.report import composition, markdown_table, run_report

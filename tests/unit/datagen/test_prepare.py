@@ -7,6 +7,7 @@ import os
 
 import dg_rows as fx
 import pytest
+
 from datagen.config import load_config
 from datagen.prepare import run_prepare
 from datagen.util import DatagenError

@@ -6,6 +6,7 @@ import json
 
 import dg_rows as fx
 import pytest
+
 from datagen.config import SourceSpec
 from datagen.sources import ADAPTERS, Unusable, adapt, infinity_category, iter_file, normalise_tools
 

@@ -8,6 +8,7 @@ import os
 import dg_rows as fx
 import pyarrow.parquet as pq
 import pytest
+
 from datagen.config import load_config
 from datagen.sources import adapt
 from datagen.tokenize import load_tokenizer, mask_from_offsets, run_tokenize

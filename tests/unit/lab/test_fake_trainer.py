@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "lab", "trainer"))
 import fake_trainer  # noqa: E402
-from harness import (  # noqa: E402
+from trainer_harness import (  # noqa: E402
     TRAINER,
     Trainer,
     alive,

@@ -33,7 +33,7 @@ from typing import Any, Dict, Iterator, Optional
 
 from .gen.client import Engine, GenerateError
 from .gen.journal import AppendLog, DoneIndex, count_lines, iter_lines, parse_id, quarantine, repair_tail, scan_output
-from .gen.progress import Progress, RunLock, lock_held, read_json, write_atomic
+from .gen.progress import Progress, RunLock, lock_held, read_json, summary_line, write_atomic
 from .gen.settings import ConfigError, GenerateSettings, settings_from_config
 
 try:
@@ -86,6 +86,13 @@ def run_generate(settings: GenerateSettings, prompts_path: str, work_dir: str) -
     """
     if not os.path.isfile(prompts_path):
         raise GenerateError(f"no prompts at {prompts_path}: run `datagen prepare` first")
+    if not logging.getLogger().handlers and not log.handlers:
+        # nobody configured logging (the package CLI prints JSON at the end): the journal still
+        # gets the readiness, stop and periodic progress lines on stderr
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     os.makedirs(work_dir, exist_ok=True)
     lock = RunLock(os.path.join(work_dir, GENERATE_LOCK))
     if not lock.acquire():
@@ -193,26 +200,7 @@ def read_status(work_dir: str) -> Dict[str, Any]:
 
 def format_status(status: Dict[str, Any]) -> str:
     """One line for humans: ``generate: running 1200/200000 (0.6%) 5312 tok/s 41.3 req/s ETA 1h20m``."""
-    total = status.get("total")
-    done = status.get("done") or 0
-    parts = [f"generate: {status.get('state')}"]
-    if total:
-        parts.append(f"{done}/{total} ({100.0 * done / total:.1f}%)")
-    else:
-        parts.append(f"{done} done")
-    if status.get("tok_s") is not None:
-        parts.append(f"{status['tok_s']:.0f} tok/s")
-    if status.get("req_s") is not None:
-        parts.append(f"{status['req_s']:.1f} req/s")
-    eta = status.get("eta_s")
-    if eta is not None and status.get("running"):
-        h, rem = divmod(int(eta), 3600)
-        parts.append(f"ETA {h}h{rem // 60:02d}m" if h else f"ETA {rem // 60}m{rem % 60:02d}s")
-    if status.get("errors"):
-        parts.append(f"{status['errors']} errors")
-    if status.get("message"):
-        parts.append(f"- {status['message']}")
-    return " ".join(parts)
+    return summary_line(status)
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -32,9 +32,11 @@ from datagen.util import (
     DatagenError,
     file_stamp,
     fingerprint,
+    fresh_build_dir,
     peak_rss_mib,
     read_json,
     stable_id,
+    swap_dir,
     unit_interval,
     write_json,
 )
@@ -112,9 +114,7 @@ def run_merge(cfg: Any, force: bool = False) -> Dict[str, Any]:
     del ranks
 
     # pass 2: write
-    tmp_dir = out_dir + f".tmp-{os.getpid()}"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    os.makedirs(tmp_dir)
+    tmp_dir = fresh_build_dir(out_dir)
     writer = ShardWriter(tmp_dir, cfg.merge.shard_rows, with_origin=True)
     after: Dict[str, int] = {}
     stats = new_stats()
@@ -180,13 +180,7 @@ def run_merge(cfg: Any, force: bool = False) -> Dict[str, Any]:
         "shards": shards, "seconds": round(time.monotonic() - t0, 3), "peak_rss_mib": round(peak_rss_mib(), 1),
     }
     write_json(os.path.join(tmp_dir, paths.MANIFEST), manifest)
-    if os.path.exists(out_dir):
-        old_dir = out_dir + f".old-{os.getpid()}"
-        os.rename(out_dir, old_dir)
-        os.rename(tmp_dir, out_dir)
-        shutil.rmtree(old_dir, ignore_errors=True)
-    else:
-        os.rename(tmp_dir, out_dir)
+    swap_dir(tmp_dir, out_dir)
     for stale in glob.glob(out_dir + ".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return {"stage": "merge", "skipped": False, "rows": manifest["rows"], "mix_before": manifest["mix_before"],

@@ -60,16 +60,21 @@ ROLE_MAP = {
 }
 
 
-def _turns_from_sharegpt(conv: Any) -> Messages:
-    if isinstance(conv, str):
+def _turn_list(value: Any) -> List[Any]:
+    """A conversation's turns, given as a list or as its JSON text (some exports store it as a string)."""
+    if isinstance(value, str):
         try:
-            conv = json.loads(conv)
+            value = json.loads(value)
         except ValueError:
             raise Unusable("malformed_json") from None
-    if not isinstance(conv, list) or not conv:
+    if not isinstance(value, list) or not value:
         raise Unusable("missing_conversation")
+    return value
+
+
+def _turns_from_sharegpt(conv: Any) -> Messages:
     out: Messages = []
-    for turn in conv:
+    for turn in _turn_list(conv):
         if not isinstance(turn, dict):
             raise Unusable("malformed_turn")
         role = ROLE_MAP.get(str(turn.get("from", turn.get("role", ""))).lower())
@@ -83,15 +88,8 @@ def _turns_from_sharegpt(conv: Any) -> Messages:
 
 
 def _turns_from_messages(msgs: Any) -> Messages:
-    if isinstance(msgs, str):
-        try:
-            msgs = json.loads(msgs)
-        except ValueError:
-            raise Unusable("malformed_json") from None
-    if not isinstance(msgs, list) or not msgs:
-        raise Unusable("missing_conversation")
     out: Messages = []
-    for m in msgs:
+    for m in _turn_list(msgs):
         if not isinstance(m, dict):
             raise Unusable("malformed_turn")
         role = ROLE_MAP.get(str(m.get("role", "")).lower())

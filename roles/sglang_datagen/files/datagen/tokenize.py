@@ -30,10 +30,12 @@ from datagen.util import (
     DatagenError,
     file_stamp,
     fingerprint,
+    fresh_build_dir,
     hash64,
     iter_jsonl,
     peak_rss_mib,
     read_json,
+    swap_dir,
     write_json,
 )
 
@@ -356,9 +358,7 @@ def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Di
         return {"stage": "tokenize", "skipped": True, "reason": "inputs and config unchanged",
                 "rows_out": old["rows_out"], "dir": out_dir}
     renderer = Renderer(load_tokenizer(cfg.tokenizer), template_kwargs(cfg.raw))
-    tmp_dir = out_dir + f".tmp-{os.getpid()}"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    os.makedirs(tmp_dir)
+    tmp_dir = fresh_build_dir(out_dir)
     stats = new_stats()
     writer = ShardWriter(tmp_dir, cfg.tokenize.shard_rows)
     opts = cfg.tokenize
@@ -387,14 +387,7 @@ def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Di
                     tokenizer=cfg.tokenizer, max_length=cfg.max_length, supervise=opts.supervise,
                     shards=final_shards, seconds=round(time.monotonic() - t0, 3), peak_rss_mib=round(peak_rss_mib(), 1))
     write_json(os.path.join(tmp_dir, paths.MANIFEST), manifest)
-    # swap the whole directory so a reader never sees a half-written set of shards
-    if os.path.exists(out_dir):
-        old_dir = out_dir + f".old-{os.getpid()}"
-        os.rename(out_dir, old_dir)
-        os.rename(tmp_dir, out_dir)
-        shutil.rmtree(old_dir, ignore_errors=True)
-    else:
-        os.rename(tmp_dir, out_dir)
+    swap_dir(tmp_dir, out_dir)
     pc = stats["prompt_check"]
     return {"stage": "tokenize", "skipped": False, "rows_in": stats["rows_in"], "rows_out": stats["rows_out"],
             "skipped_rows": stats["skipped"], "prompt_check": {k: pc[k] for k in ("checked", "matched", "mismatched")},

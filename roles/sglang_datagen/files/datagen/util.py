@@ -1,4 +1,4 @@
-"""Shared helpers: stable hashes, canonical prompts, JSONL streams, atomic writes, fingerprints."""
+"""Shared helpers: stable hashes, canonical prompts, JSONL streams, atomic writes and directory swaps, fingerprints."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 import unicodedata
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -140,6 +141,25 @@ def read_json(path: str) -> Optional[Any]:
             return json.load(fh)
     except (OSError, ValueError):
         return None
+
+
+def fresh_build_dir(out_dir: str) -> str:
+    """An empty private sibling of ``out_dir`` (``OUT.tmp-PID``) to build the stage's next output in."""
+    tmp_dir = out_dir + f".tmp-{os.getpid()}"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    os.makedirs(tmp_dir)
+    return tmp_dir
+
+
+def swap_dir(tmp_dir: str, out_dir: str) -> None:
+    """Put the finished ``tmp_dir`` in ``out_dir``'s place as a whole: a reader never sees half a set of shards."""
+    if os.path.exists(out_dir):
+        old_dir = out_dir + f".old-{os.getpid()}"
+        os.rename(out_dir, old_dir)
+        os.rename(tmp_dir, out_dir)
+        shutil.rmtree(old_dir, ignore_errors=True)
+    else:
+        os.rename(tmp_dir, out_dir)
 
 
 # ---------------------------------------------------------------- fingerprints

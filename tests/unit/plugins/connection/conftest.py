@@ -34,7 +34,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(tmp: str, sftp: bool) -> Sshd:
+def _start(tmp: str, sftp: bool, max_sessions: int = 50) -> Sshd:
     os.makedirs(tmp, exist_ok=True)
     hostkey = os.path.join(tmp, "host_ed25519")
     key = os.path.join(tmp, "id_ed25519")
@@ -54,7 +54,7 @@ def _start(tmp: str, sftp: bool) -> Sshd:
         "UsePAM no",
         "StrictModes no",
         "PidFile %s" % os.path.join(tmp, "sshd.pid"),
-        "MaxSessions 50",
+        "MaxSessions %d" % max_sessions,
         "MaxStartups 50",
     ]
     if sftp:
@@ -95,6 +95,17 @@ def sshd_nosftp(tmp_path_factory) -> t.Iterator[Sshd]:
     if os.geteuid() != 0 or not os.path.exists(SSHD):
         pytest.skip("needs root and OpenSSH's sshd for a throwaway server")
     server = _start(str(tmp_path_factory.mktemp("sshd_nosftp")), sftp=False)
+    yield server
+    server.proc.terminate()
+    server.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def sshd_two_sessions(tmp_path_factory) -> t.Iterator[Sshd]:
+    """An sshd that allows only two sessions per connection (MaxSessions 2)."""
+    if os.geteuid() != 0 or not os.path.exists(SSHD):
+        pytest.skip("needs root and OpenSSH's sshd for a throwaway server")
+    server = _start(str(tmp_path_factory.mktemp("sshd_two")), sftp=True, max_sessions=2)
     yield server
     server.proc.terminate()
     server.proc.wait(10)

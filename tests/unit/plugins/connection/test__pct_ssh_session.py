@@ -61,6 +61,12 @@ def test_stdin_is_fed_while_output_is_read(session):
     assert r.rc == 0 and r.stdout == data
 
 
+def test_command_that_ignores_its_input_still_reports(session):
+    # like a missing interpreter under pipelining: exits before reading the module
+    r = session.exec("echo gone >&2; exit 7", stdin=os.urandom(8 * 1024 * 1024), timeout=60)
+    assert (r.rc, r.stderr) == (7, b"gone\n")
+
+
 def test_no_stdin_means_eof(session):
     r = session.exec("cat; echo done", timeout=10)
     assert r.rc == 0 and r.stdout == b"done\n"
@@ -208,3 +214,23 @@ def test_control_master_reports_login_failure(sshd, tmp_path):
     with pytest.raises(_pct_ssh.SessionError) as exc:
         _pct_ssh.open_master(settings(sshd, key_filename=str(wrong)), str(tmp_path / "cp"), persist=5, start_timeout=30)
     assert exc.value.kind == "auth"
+
+
+def test_parallel_requests_wait_for_a_free_session(sshd_two_sessions):
+    """More parallel tasks than sshd's MaxSessions queue up instead of failing."""
+    import threading
+
+    s = _pct_ssh.DirectSession(settings(sshd_two_sessions)).connect()
+    results = []
+
+    def one(i):
+        results.append(s.exec("sleep 0.3; echo %d" % i, timeout=60))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    s.close()
+    assert sorted(int(r.stdout) for r in results) == list(range(6))
+    assert all(r.rc == 0 for r in results)

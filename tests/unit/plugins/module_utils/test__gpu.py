@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _gpu
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import GpuError, GpuInfo, GpuProcess, Sample
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_process

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -26,6 +25,9 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     stat_children,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_starttime
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
+from trainer_harness import ZOMBIE_LEADER, read_stat, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -207,33 +209,13 @@ def test_sigstopped_process_gets_sigcont_and_acts_on_sigterm(children):
     child = spawn(GRACEFUL)
     children.append(child)
     os.kill(child.pid, signal.SIGSTOP)
-
-    def state():
-        with open("/proc/%d/stat" % child.pid) as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0]
-
-    deadline = time.monotonic() + 10
-    while state() != "T" and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert state() == "T"
+    wait_for(lambda: read_stat(child.pid)[0] == "T", 10, 0.01, what="the child to stop")
+    assert read_stat(child.pid)[0] == "T"
     procs = ProcessSet()
     hold(procs, child)
     out = run_ladder([Rung(TERM, 20), Rung(KILL, 5)], procs, root_pgids=[child.pid])
     assert out.stopped_by == 0  # its own SIGTERM handler ran: SIGCONT woke it
     assert child.wait(timeout=5) == 0
-
-
-ZOMBIE_LEADER = """
-    import ctypes, signal, threading, time
-    def spin():
-        while True:
-            time.sleep(0.05)
-    threading.Thread(target=spin).start()
-    print("ready", flush=True)
-    time.sleep(0.1)
-    # the leader thread exits alone (SYS_exit, not exit_group): /proc shows Z, the process lives on
-    ctypes.CDLL(None).syscall(60, 0)
-"""
 
 
 @pytest.mark.parametrize("use_pidfd", MODES)
@@ -244,15 +226,8 @@ def test_zombie_leader_with_live_thread_is_not_gone(children, use_pidfd):
         pytest.skip("SYS_exit number is for x86_64")
     child = spawn(ZOMBIE_LEADER)
     children.append(child)
-
-    def leader_state():
-        with open("/proc/%d/stat" % child.pid) as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0]
-
-    deadline = time.monotonic() + 10
-    while leader_state() != "Z" and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert leader_state() == "Z" and len(os.listdir("/proc/%d/task" % child.pid)) == 2
+    wait_for(lambda: read_stat(child.pid)[0] == "Z", 10, 0.02, what="the leader thread to exit")
+    assert read_stat(child.pid)[0] == "Z" and len(os.listdir("/proc/%d/task" % child.pid)) == 2
     procs = ProcessSet(use_pidfd=use_pidfd)
     hold(procs, child)
     # SIGINT has a python handler, but no main thread is left to run it: the process stays

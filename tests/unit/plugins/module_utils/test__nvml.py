@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _nvml
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import BackendUnavailable, GpuError, GpuProcess
 

@@ -11,17 +11,27 @@ import pytest
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     ProcError,
     ancestors_of,
+    boot_time,
     container_vmid_from_cgroup,
+    fd_links,
     fd_targets,
+    has_live_thread,
+    live_thread_cmdline,
     parse_cmdline,
     parse_nspid,
     parse_stat,
     parse_status,
     parse_uid,
     read_process,
+    read_process_light,
     read_starttime,
+    read_stat,
     read_wchan,
+    task_states,
 )
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
+from trainer_harness import wait_exec  # noqa: E402
 
 STAT = ("32244 (python3) S 3012 32244 3012 34816 32244 4194560 1 0 0 0 5 3 0 0 20 0 9 0 "
         "912345 1000 10 18446744073709551615 1 1 0 0 0 0 0 16781312 2 0 0 0 17 1 0 0 0 0 0")
@@ -78,33 +88,42 @@ def test_container_vmid_from_cgroup(text, vmid):
     assert container_vmid_from_cgroup(text) == vmid
 
 
-def _wait_exec(pid, marker):
-    """A child shows its own cmdline only once exec has happened (before that, its parent's)."""
-    import time
-
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as handle:
-                if marker.encode() in handle.read():
-                    return
-        except OSError:
-            pass
-        time.sleep(0.01)
-    raise AssertionError("pid %d never exec'd" % pid)
-
-
 def test_readers_on_real_processes():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "marker-arg"])
     try:
-        _wait_exec(child.pid, "marker-arg")
+        wait_exec(child.pid, "marker-arg")
         info = read_process(child.pid)
         assert info is not None and info.ppid == os.getpid() and info.cmdline[-1] == "marker-arg"
         assert info.identity == (child.pid, read_starttime(child.pid))
         assert os.getpid() in ancestors_of(child.pid)
         assert isinstance(read_wchan(child.pid), str)
         assert fd_targets(child.pid)
+        assert fd_targets(child.pid) == [target for fd_path, target in fd_links(child.pid)]
+        stat = read_stat(child.pid)
+        assert stat is not None and (stat.pid, stat.ppid, stat.starttime) == (child.pid, os.getpid(), info.starttime)
+        light = read_process_light(child.pid)
+        assert light is not None and light.identity == info.identity and light.cmdline == info.cmdline
+        assert light.uid is None and light.cgroup == "" and light.nspid == ()  # the light read skips status/cgroup
+        assert task_states(child.pid) and has_live_thread(child.pid)
+        assert live_thread_cmdline(child.pid) == info.cmdline
     finally:
         child.kill()
         child.wait()
     assert read_process(child.pid) is None and read_starttime(child.pid) is None
+    assert read_stat(child.pid) is None and read_process_light(child.pid) is None
+    assert task_states(child.pid) == [] and not has_live_thread(child.pid) and live_thread_cmdline(child.pid) == ()
+
+
+def test_parse_stat_tpgid():
+    assert parse_stat(STAT).tpgid == 32244  # field 8: the terminal's foreground process group
+
+
+def test_boot_time(tmp_path):
+    import time
+
+    assert 0 < boot_time() < time.time()
+    (tmp_path / "stat").write_text("cpu  1 2 3\nbtime 1700000000\n")
+    assert boot_time(str(tmp_path)) == 1700000000.0
+    (tmp_path / "stat").write_text("cpu  1 2 3\n")
+    with pytest.raises(ProcError, match="no btime"):
+        boot_time(str(tmp_path))

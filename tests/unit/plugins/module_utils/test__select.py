@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    ProcessInfo,
+    read_process,
+    read_starttime,
+    read_stat,
+)
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     Pane,
     SelectError,
@@ -15,10 +24,13 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     compile_regex,
     is_interactive_shell,
     job_groups,
+    late_children,
     parse_panes,
     parse_pid_file,
     program_of,
+    read_tpgid,
     select,
+    started_after,
     tmux_list_panes_argv,
     top_of,
 )
@@ -26,6 +38,9 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
 PVE_CT200 = "0::/lxc/200/ns/user.slice\n"
 PVE_CT201 = "0::/lxc/201/ns/user.slice\n"
 TRAIN = "/opt/lab/trainer/fake_trainer.py"
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
+from trainer_harness import wait_exec  # noqa: E402
 
 
 def proc(pid, ppid, cmd, pgid=None, sid=None, uid=0, cgroup="0::/user.slice\n", kthread=False, nspid=None):
@@ -231,33 +246,10 @@ def test_compile_regex_names_the_option():
         compile_regex("match", "(")
 
 
-def _wait_exec(pid, marker):
-    """A child shows its own cmdline only once exec has happened (before that, its parent's)."""
-    import time
-
-    end = time.monotonic() + 10
-    while time.monotonic() < end:
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as handle:
-                if marker.encode() in handle.read():
-                    return
-        except OSError:
-            pass
-        time.sleep(0.01)
-    raise AssertionError("pid %d never exec'd" % pid)
-
-
 def test_late_children_only_born_after_the_snapshot_and_not_excluded():
-    import os
-    import subprocess
-    import sys
-
-    from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_starttime
-    from ansible_collections.gpuops.repurpose.plugins.module_utils._select import late_children
-
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "late-child-marker"])
     try:
-        _wait_exec(child.pid, "late-child-marker")
+        wait_exec(child.pid, "late-child-marker")
         ident = (child.pid, read_starttime(child.pid))
         found = [(child.pid, ident[1], os.getpgid(child.pid))]
         assert late_children(found, seen=set()) == found
@@ -267,3 +259,13 @@ def test_late_children_only_born_after_the_snapshot_and_not_excluded():
     finally:
         child.kill()
         child.wait()
+
+
+def test_started_after_and_read_tpgid_on_this_process(tmp_path):
+    me = read_process(os.getpid())
+    assert started_after(me, 0.0) and not started_after(me, time.time())
+    assert read_tpgid(os.getpid()) == read_stat(os.getpid()).tpgid
+    assert read_tpgid(2 ** 22 + 1) == 0  # no such process
+    (tmp_path / "stat").write_text("cpu  1 2 3\n")
+    with pytest.raises(SelectError, match="no btime"):
+        started_after(me, 0.0, proc_root=str(tmp_path))

@@ -17,10 +17,11 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
-from harness import (  # noqa: E402
+from trainer_harness import (  # noqa: E402
     PYTHON,
     ROOT,
     TRAINER,
+    ZOMBIE_LEADER,
     Decoy,
     Tmux,
     Trainer,
@@ -29,6 +30,7 @@ from harness import (  # noqa: E402
     have_tmux,
     latest_checkpoint,
     pids_with,
+    read_stat,
     run_module,
     wait_for,
 )
@@ -258,27 +260,12 @@ def test_without_sigkill_survivors_fail_the_module(job):
     assert result["unkillable"] == [] and all(alive(pid) for pid in result["survivors"])
 
 
-ZOMBIE_LEADER = """
-import ctypes, sys, threading, time
-def spin():
-    while True:
-        time.sleep(0.05)
-threading.Thread(target=spin).start()
-time.sleep(0.1)
-ctypes.CDLL(None).syscall(60, 0)  # SYS_exit: only the leader thread exits; /proc shows Z
-"""
-
-
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="SYS_exit number is for x86_64")
 def test_zombie_leader_with_live_thread_is_selected_and_not_taken_for_gone(tmp_path, untouched):
     marker = str(tmp_path / "zombie-leader-marker")
     child = subprocess.Popen([PYTHON, "-c", ZOMBIE_LEADER, marker], start_new_session=True)
     try:
-        def leader_zombie():
-            with open("/proc/%d/stat" % child.pid) as handle:
-                return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
-
-        wait_for(leader_zombie, 10, what="leader thread exit")
+        wait_for(lambda: read_stat(child.pid)[0] == "Z", 10, what="leader thread exit")
         result = run_module({"match": marker, "ladder": [{"signal": "INT", "timeout": 0.3},
                                                          {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]})
         assert result["rc"] == 0, result

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import aiohttp
 
 from .journal import AppendLog, DoneIndex
-from .progress import Progress, write_atomic
+from .progress import Progress, summary_line, write_atomic
 from .settings import GenerateSettings
 
 # Worth another attempt: timeouts, conflicts, rate limits and every 5xx. Other 4xx
@@ -35,12 +35,19 @@ OUTPUT_KEYS = frozenset({"id", "messages", "tools", "finish_reason", "usage", "s
 
 # rows buffered for the writer thread before the workers wait for it
 _MAX_PENDING = 64 << 20
+_LOG_EVERY_S = 60.0
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _loads = json.loads
 
 
-class GenerateError(RuntimeError):
+try:  # the package core's base error: its CLI prints the message and exits 1
+    from ..util import DatagenError as _Base
+except ImportError:  # pragma: no cover - before datagen.util exists
+    _Base = RuntimeError  # type: ignore[misc,assignment]
+
+
+class GenerateError(_Base):
     """The run cannot go on (no server became ready, wrong model, a second run); the message says why."""
 
 
@@ -403,12 +410,24 @@ class Engine:
     # ------------------------------------------------------------ housekeeping
 
     async def _ticker(self) -> None:
+        """Run the housekeeping; a failure to write the output stops the run instead of stalling it."""
+        try:
+            await self._housekeeping()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a full disk, an I/O error: nothing more can be kept
+            self.fatal = f"cannot write {self.out.path}: {exc}"
+            self.log(f"generate: {self.fatal}")
+            self.request_stop()
+
+    async def _housekeeping(self) -> None:
         """Hand the buffered rows to the writer thread, fsync every ``fsync_interval``, rewrite the progress file."""
         loop = asyncio.get_running_loop()
         s = self.s
         tick = min(s.fsync_interval, s.progress_interval, 0.25)
         next_sync = loop.time() + s.fsync_interval
         next_progress = loop.time()
+        next_log = loop.time() + _LOG_EVERY_S
         while True:
             await asyncio.sleep(tick)
             now = loop.time()
@@ -427,6 +446,9 @@ class Engine:
             if now >= next_progress:
                 self.write_progress()
                 next_progress = now + s.progress_interval
+            if now >= next_log:  # a line in the journal now and then, for whoever reads it there
+                self.log(summary_line(self.progress.snapshot()))
+                next_log = now + _LOG_EVERY_S
 
     def write_progress(self) -> None:
         try:

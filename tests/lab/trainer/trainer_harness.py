@@ -46,6 +46,11 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str
         time.sleep(interval)
 
 
+def wait_exec(pid: int, marker: str, timeout: float = 10.0) -> None:
+    """Until ``pid``'s command line holds ``marker``: before its exec a child shows its parent's."""
+    wait_for(lambda: marker in cmdline(pid), timeout, 0.01, what="pid %d to exec (%s)" % (pid, marker))
+
+
 def read_stat(pid: int) -> tuple[str, int] | None:
     try:
         with open("/proc/%d/stat" % pid) as handle:
@@ -177,6 +182,20 @@ with open(record, "a") as handle:
 while True:
     time.sleep(3600)
 '''
+
+
+# A process whose leader thread exits alone (SYS_exit, not exit_group, x86_64 only): /proc shows the
+# leader as Z while a thread keeps the process alive. Prints "ready" before that.
+ZOMBIE_LEADER = """
+import ctypes, threading, time
+def spin():
+    while True:
+        time.sleep(0.05)
+threading.Thread(target=spin).start()
+print("ready", flush=True)
+time.sleep(0.1)
+ctypes.CDLL(None).syscall(60, 0)
+"""
 
 
 class Decoy:
