@@ -603,7 +603,8 @@ class Connection(ConnectionBase):
         if res.rc != 0:
             self._diagnose(vmid, res)
             raise AnsibleError(
-                "pct_ssh: %s in container %d failed (rc %s): %s" % (what, vmid, res.rc, to_text(res.stderr or res.stdout, errors="surrogate_or_replace").strip())
+                "pct_ssh: %s in container %d failed (rc %s): %s"
+                % (what, vmid, res.rc, to_text(res.stderr or res.stdout, errors="surrogate_or_replace").strip())
             )
         return res
 

@@ -348,6 +348,12 @@ def device_gpu_index(path: str) -> t.Optional[int]:
     return int(match.group(1)) if match else None
 
 
+def _container_of(info: t.Any) -> tuple[t.Optional[int], t.Optional[int]]:
+    """(VMID from the cgroup path, PID in the innermost PID namespace); each None where it does not apply."""
+    inner = info.nspid[-1] if len(info.nspid) > 1 else None
+    return container_vmid_from_cgroup(info.cgroup), inner
+
+
 def scan_holders(patterns: t.Sequence[str] = DEFAULT_DEVICE_PATHS, proc_root: str = "/proc",
                  exclude_pids: t.Collection[int] = ()) -> list[Holder]:
     """Every process with a matching device file open, one entry per (pid, GPU).
@@ -381,8 +387,7 @@ def scan_holders(patterns: t.Sequence[str] = DEFAULT_DEVICE_PATHS, proc_root: st
         info = read_process(pid, proc_root)
         if info is None:
             continue
-        vmid = container_vmid_from_cgroup(info.cgroup)
-        inner = info.nspid[-1] if len(info.nspid) > 1 else None
+        vmid, inner = _container_of(info)
         gpus = sorted(g for g in devices if g is not None) or [None]
         for gpu in gpus:
             holders.append(Holder(pid=pid, name=info.comm, cmdline=info.command, gpu=gpu,
@@ -414,9 +419,9 @@ def merge_backend_processes(holders: list[Holder], sample: t.Optional[Sample], g
         if info is None:
             foreign.append({"pid": proc.pid, "name": proc.name, "gpu_uuid": proc.gpu_uuid, "used_mib": proc.used_mib})
             continue
-        inner = info.nspid[-1] if len(info.nspid) > 1 else None
+        vmid, inner = _container_of(info)
         new = Holder(pid=proc.pid, name=info.comm, cmdline=info.command, gpu=index, device="", used_mib=proc.used_mib,
-                     gpu_uuid=proc.gpu_uuid, container=container_vmid_from_cgroup(info.cgroup), container_pid=inner)
+                     gpu_uuid=proc.gpu_uuid, container=vmid, container_pid=inner)
         holders.append(new)
         by_key[(proc.pid, index)] = new
     for h in holders:

@@ -261,7 +261,7 @@ def start_and_wait(module: AnsibleModule, pct_path: str, vmid: int, timeout: int
         raise ExecFailure("`pct start %d` failed (rc %s): %s" % (vmid, rc, err.decode("utf-8", "replace").strip()), ct_status="stopped")
     probe = _pct.exec_argv(vmid, ["true"], pct_path=pct_path)
     while True:
-        rc, _, err, _ = run(module, probe, None, max(1.0, min(deadline.remaining(), 10)))
+        rc, dummy_out, err, dummy_hung = run(module, probe, None, max(1.0, min(deadline.remaining(), 10)))
         if rc == 0:
             return
         if deadline.expired():
@@ -275,7 +275,7 @@ def start_and_wait(module: AnsibleModule, pct_path: str, vmid: int, timeout: int
 
 
 def path_exists(module: AnsibleModule, pct_path: str, vmid: int, path: str, keep_env: t.Optional[bool]) -> bool:
-    rc, _, err, hung = run(module, _pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env, pct_path=pct_path), None, 60)
+    rc, dummy_out, err, hung = run(module, _pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env, pct_path=pct_path), None, 60)
     if hung or rc not in (0, 1):
         raise ExecFailure("could not check %s inside container %d (rc %s): %s" % (path, vmid, rc, err.decode("utf-8", "replace").strip()))
     return rc == 0
@@ -376,7 +376,8 @@ def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t
         elapsed=round(elapsed, 3),
     )
     if hung:
-        out.update(failed=True, timed_out=True, msg="pct exec did not return within %ds; killed it (and its process group) on the host" % (p["timeout"] + p["kill_after"] + HOST_MARGIN))
+        limit = p["timeout"] + p["kill_after"] + HOST_MARGIN
+        out.update(failed=True, timed_out=True, msg="pct exec did not return within %ds; killed it (and its process group) on the host" % limit)
     elif rc in _pct.TIMEOUT_RCS and elapsed >= p["timeout"] - 0.5:
         out.update(
             failed=True,

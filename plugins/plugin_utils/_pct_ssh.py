@@ -347,7 +347,7 @@ class DirectSession:
         """A fresh private (0700) directory in the host's /tmp."""
         with self._sftp_client() as sftp:
             last: t.Optional[BaseException] = None
-            for _ in range(5):
+            for _dummy in range(5):
                 path = "/tmp/.pct_ssh-%s" % os.urandom(12).hex()
                 try:
                     sftp.mkdir(path, mode=0o700)
@@ -708,7 +708,7 @@ class _Master:
             if idle:
                 break
             try:
-                conn, _ = srv.accept()
+                conn, dummy_addr = srv.accept()
             except socket.timeout:
                 continue
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
@@ -720,7 +720,7 @@ class _Master:
         srv.settimeout(0.05)
         while True:
             try:
-                conn, _ = srv.accept()
+                conn, dummy_addr = srv.accept()
             except (socket.timeout, OSError):
                 break
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()

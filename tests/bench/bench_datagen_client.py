@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark: the datagen generate client against the common thread-pool client, side by side.
 
 Both talk to the same zero-latency SGLang stand-in (tests/lab/sglang_standin) on

@@ -490,11 +490,16 @@ def _copy(src_fd: int, dst_fd: int) -> None:
         shutil.copyfileobj(src, dst)
 
 
+def _octal_perms(perms: str | None) -> str | None:
+    """pct.pm prefixes --perms with 0 (octal) unless it already starts with 0 (0755, 0x1ed)."""
+    if perms is not None and not perms.startswith("0"):
+        return "0" + perms
+    return perms
+
+
 def cmd_push(params: dict, opts: dict) -> int:
     vmid = check_vmid("push", params["vmid"])
-    perms = opts.get("perms")
-    if perms is not None and not perms.startswith("0"):
-        perms = "0" + perms
+    perms = _octal_perms(opts.get("perms"))
     if not check_running(vmid):
         raise die("can only push files to a running CT")
     load_config(vmid)
@@ -515,9 +520,7 @@ def cmd_push(params: dict, opts: dict) -> int:
 
 def cmd_pull(params: dict, opts: dict) -> int:
     vmid = check_vmid("pull", params["vmid"])
-    perms = opts.get("perms")
-    if perms is not None and not perms.startswith("0"):
-        perms = "0" + perms
+    perms = _octal_perms(opts.get("perms"))
     if not check_running(vmid):
         raise die("can only pull files from a running VM", 664)
     pid = init_pid(vmid)

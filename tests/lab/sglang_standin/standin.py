@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """An OpenAI-compatible stand-in for an SGLang server (or sglang-router), for tests and the lab.
 
 Only the GPU is missing, so only the model is faked: the HTTP surface follows

@@ -324,11 +324,46 @@ def test_permanent_errors_and_bad_input_go_to_the_errors_file(tmp_path, standin)
     assert result["written"] == 6 and result["errors"] == 10 and result["retries"] == 0
 
 
-def test_a_full_disk_stops_the_run_with_the_reason(tmp_path, standin):
+def _small_file_limit():
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (60000, 60000))
+
+
+def test_a_write_failure_stops_the_run_with_the_reason_and_the_next_run_completes(tmp_path, standin):
     server = standin()
-    make_prompts(tmp_path / "prompts.jsonl", 200)
-    os.symlink("/dev/full", tmp_path / "generated.jsonl")  # every write: ENOSPC
-    with pytest.raises(GenerateError, match="cannot write .*No space left"):
-        run_generate(settings_from_config(config(tmp_path, [server.url])), str(tmp_path / "prompts.jsonl"),
+    rows = make_prompts(tmp_path / "prompts.jsonl", 600)
+    cfg_path = write_config(tmp_path, config(tmp_path, [server.url], shutdown_grace=1))
+    env = dict(os.environ, PYTHONPATH=FILES)
+    done = subprocess.run([sys.executable, "-m", "datagen.generate", "--config", cfg_path], env=env, cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=120, preexec_fn=_small_file_limit)
+    assert done.returncode != 0
+    assert "error: cannot write" in done.stderr and "File too large" in done.stderr, done.stderr
+    status = read_status(str(tmp_path))
+    assert status["state"] == "failed" and "File too large" in status["message"]
+    proc = start_cli(cfg_path, tmp_path)  # the disk has room again: resume, repair, finish
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stdout.decode()
+    ids = [r["id"] for r in output_rows(tmp_path)]
+    assert sorted(ids) == sorted(r["id"] for r in rows)
+
+
+def test_output_that_is_not_a_plain_file_is_refused(tmp_path):
+    make_prompts(tmp_path / "prompts.jsonl", 3)
+    os.symlink("/dev/zero", tmp_path / "generated.jsonl")
+    with pytest.raises(GenerateError, match="not a regular file"):
+        run_generate(settings_from_config(config(tmp_path, ["http://127.0.0.1:9"])), str(tmp_path / "prompts.jsonl"),
                      str(tmp_path))
+
+
+def test_a_dead_fleet_stops_the_run_instead_of_failing_every_row(tmp_path, standin):
+    server = standin("--fail-rate", "1.0")
+    make_prompts(tmp_path / "prompts.jsonl", 500)
+    raw = config(tmp_path, [server.url], retries=1, max_consecutive_failures=20, shutdown_grace=1)
+    with pytest.raises(GenerateError, match="20 rows failed one after the other .*HTTP 503"):
+        run_generate(settings_from_config(raw), str(tmp_path / "prompts.jsonl"), str(tmp_path))
+    with open(tmp_path / "generate.errors.jsonl", encoding="utf-8") as fh:
+        failed = sum(1 for _ in fh)
+    assert 20 <= failed < 100  # stopped early: the remaining prompts wait for the next run
     assert read_status(str(tmp_path))["state"] == "failed"

@@ -63,6 +63,8 @@ def _input_ids(prompts_path: str) -> Iterator[str]:
 def _prepare_output(work_dir: str) -> Dict[str, Any]:
     """Repair a crash's leftovers; return the resume index and what was repaired."""
     out_path = os.path.join(work_dir, GENERATED)
+    if os.path.exists(out_path) and not os.path.isfile(out_path):
+        raise GenerateError(f"{out_path} is not a regular file: move it away, the output must be a plain file")
     torn = repair_tail(out_path)
     if torn:
         with open(out_path + ".torn", "ab") as side:
@@ -120,7 +122,6 @@ def _run_locked(settings: GenerateSettings, prompts_path: str, work_dir: str) ->
     progress_path = os.path.join(work_dir, GENERATE_PROGRESS)
     output = AppendLog(os.path.join(work_dir, GENERATED), flush_bytes=0)
     errors = AppendLog(os.path.join(work_dir, GENERATE_ERRORS), flush_bytes=1)
-    summary_state = "failed"
     engine: Optional[Engine] = None
     try:
         with open(prompts_path, "rb") as rows:
@@ -137,13 +138,24 @@ def _run_locked(settings: GenerateSettings, prompts_path: str, work_dir: str) ->
                 except GenerateError as exc:
                     progress.message = str(exc)
                     raise
-        summary_state = progress.state
-    finally:
-        output.close()
+    except BaseException:
+        for f in (output, errors):
+            try:
+                f.close()
+            except OSError:
+                pass  # the first error is the one to report
+        progress.state = "failed"
+        _write_progress_quietly(progress_path, progress)
+        raise
+    try:
+        output.close()  # the last rows and the final fsync
         errors.close()
-        if summary_state == "failed":
-            progress.state = "failed"
-        write_atomic(progress_path, progress.snapshot())
+    except OSError as exc:
+        progress.state = "failed"
+        progress.message = f"cannot write {output.path}: {exc}"
+        _write_progress_quietly(progress_path, progress)
+        raise GenerateError(progress.message) from exc
+    _write_progress_quietly(progress_path, progress)
     snap = progress.snapshot()
     elapsed = time.monotonic() - t0
     return {
@@ -169,6 +181,13 @@ def _run_locked(settings: GenerateSettings, prompts_path: str, work_dir: str) ->
         "output": os.path.join(work_dir, GENERATED),
         "errors_file": os.path.join(work_dir, GENERATE_ERRORS),
     }
+
+
+def _write_progress_quietly(path: str, progress: Progress) -> None:
+    try:
+        write_atomic(path, progress.snapshot())
+    except OSError as exc:  # advisory; the run's own error (if any) is the one that matters
+        log.warning("generate: cannot write %s: %s", path, exc)
 
 
 def read_status(work_dir: str) -> Dict[str, Any]:

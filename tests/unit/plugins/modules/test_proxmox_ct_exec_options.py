@@ -37,7 +37,7 @@ def run_module(tmp_path, args: dict, check_mode: bool = False) -> dict:
         payload["_ansible_check_mode"] = True
     argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
     env = dict(os.environ, PYTHONPATH=str(ROOT / ".collections"))
-    done = subprocess.run([sys.executable, str(MODULE), str(argfile)], capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run([sys.executable, str(MODULE), str(argfile)], capture_output=True, text=True, env=env, timeout=60, check=False)
     return json.loads(done.stdout)
 
 

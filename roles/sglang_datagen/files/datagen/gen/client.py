@@ -181,6 +181,7 @@ class Engine:
         self.stopping = False
         self.fatal: Optional[str] = None
         self.started_rows = 0
+        self._failing = 0  # rows failed one after the other (a success resets it)
         self.skipped_invalid = 0
         self._exhausted = False
         self._stop: Optional[asyncio.Event] = None
@@ -386,6 +387,7 @@ class Engine:
             else:
                 self.out.add(self._output_line(job, assistant, finish, usage, srv.base))
                 prog.written += 1
+                self._failing = 0
                 srv.stats["ok"] += 1
                 if usage:
                     prog.prompt_tokens += usage.get("prompt_tokens") or 0
@@ -406,6 +408,11 @@ class Engine:
         srv.stats["errors"] += 1
         assert last is not None
         self._error_row(job.row_id, job.row, str(last), attempt + 1, srv.base, last.status)
+        self._failing += 1
+        if self._failing >= s.max_consecutive_failures and not self.fatal:
+            self.fatal = (f"{self._failing} rows failed one after the other (last: {last}); the servers look down: "
+                          f"see {self.err.path}, fix them and run again (generate resumes)")
+            self.request_stop()
 
     # ------------------------------------------------------------ housekeeping
 
@@ -463,6 +470,48 @@ class Engine:
         if self._stop is not None:
             self._stop.set()
 
+    async def _serve(self, session: aiohttp.ClientSession, stop_wait: asyncio.Task) -> None:
+        """Wait for the first ready server, run the workers to the end of the input or to a stop."""
+        s = self.s
+        first = asyncio.create_task(self._first_ready.wait())
+        try:
+            await asyncio.wait([first, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            first.cancel()
+        if self.fatal:
+            raise GenerateError(self.fatal)
+        if self.stopping:
+            self.progress.state = "stopped"
+            return
+        if not self._ready_order:
+            detail = "; ".join(f"{x.base}: {x.stats['last_error']}" for x in self._servers)
+            raise GenerateError(f"no server became ready within generate.ready_timeout="
+                                f"{s.ready_timeout:g}s ({detail})")
+        self._encode_constants()
+        self.progress.state = "running"
+        self.write_progress()
+        workers = [asyncio.create_task(self._worker(session, i % len(self._servers)))
+                   for i in range(s.concurrency * len(self._servers))]
+        pending = set(workers)
+        try:
+            while pending:
+                finished, pending = await asyncio.wait(pending | {stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                for task in finished:
+                    if task is not stop_wait and task.exception() is not None:
+                        raise task.exception()
+                pending.discard(stop_wait)
+                if stop_wait in finished:
+                    break
+            if pending:  # stopping: let the requests in flight land, within the grace
+                _, pending = await asyncio.wait(pending, timeout=s.shutdown_grace)
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+        if self.fatal:
+            raise GenerateError(self.fatal)
+        self.progress.state = "stopped" if self.stopping else "finished"
+
     async def run(self) -> None:
         s = self.s
         loop = asyncio.get_running_loop()
@@ -492,50 +541,12 @@ class Engine:
                 deadline = loop.time() + s.ready_timeout
                 gates = [asyncio.create_task(self._gate(session, i, deadline)) for i in range(len(self._servers))]
                 stop_wait = asyncio.create_task(self._stop.wait())
-                await asyncio.wait([asyncio.create_task(self._first_ready.wait()), stop_wait],
-                                   return_when=asyncio.FIRST_COMPLETED)
-                if self.fatal:
-                    raise GenerateError(self.fatal)
-                if self.stopping:
-                    self.progress.state = "stopped"
-                    return
-                if not self._ready_order:
-                    detail = "; ".join(f"{x.base}: {x.stats['last_error']}" for x in self._servers)
-                    raise GenerateError(f"no server became ready within generate.ready_timeout="
-                                        f"{s.ready_timeout:g}s ({detail})")
-                self._encode_constants()
-                self.progress.state = "running"
-                self.write_progress()
-                workers = [asyncio.create_task(self._worker(session, i % len(self._servers)))
-                           for i in range(s.concurrency * len(self._servers))]
-                pending = set(workers)
                 try:
-                    while pending:
-                        finished, pending = await asyncio.wait(pending | {stop_wait},
-                                                               return_when=asyncio.FIRST_COMPLETED)
-                        for task in finished:
-                            if task is not stop_wait and task.exception() is not None:
-                                raise task.exception()
-                        pending.discard(stop_wait)
-                        if stop_wait in finished:
-                            break
-                except BaseException:
-                    for task in workers:
+                    await self._serve(session, stop_wait)
+                finally:  # the gates and the stop waiter end with the run, whatever ended it
+                    for task in [*gates, stop_wait]:
                         task.cancel()
-                    await asyncio.gather(*workers, return_exceptions=True)
-                    raise
-                if pending:  # stopping: let the requests in flight land, within the grace
-                    _, pending = await asyncio.wait(pending, timeout=s.shutdown_grace)
-                    for task in pending:
-                        task.cancel()
-                    await asyncio.gather(*pending, return_exceptions=True)
-                for gate in gates:
-                    gate.cancel()
-                await asyncio.gather(*gates, return_exceptions=True)
-                stop_wait.cancel()
-                if self.fatal:
-                    raise GenerateError(self.fatal)
-                self.progress.state = "stopped" if self.stopping else "finished"
+                    await asyncio.gather(*gates, stop_wait, return_exceptions=True)
         finally:
             for sig in installed:
                 loop.remove_signal_handler(sig)

@@ -44,6 +44,7 @@ GENERATE_KEYS = {
     "concurrency", "retries", "backoff_base", "backoff_max", "request_timeout", "connect_timeout",
     "fsync_interval", "progress_interval", "ready_timeout", "ready_interval", "shutdown_grace",
     "thinking", "chat_template_kwargs", "api_key_env", "limit", "extra_body", "tool_choice",
+    "max_consecutive_failures",
 }
 
 
@@ -71,6 +72,9 @@ class GenerateSettings:
     shutdown_grace: float = 15.0
     api_key_env: Optional[str] = None
     limit: Optional[int] = None  # generate at most this many new rows in one run
+    # rows failing in a row (after their retries) before the run stops: a dead fleet must not
+    # turn every prompt into an error line
+    max_consecutive_failures: int = 200
 
     def template_kwargs(self) -> Dict[str, Any]:
         """``chat_template_kwargs`` as sent: thinking is always explicit, never the template's default."""
@@ -247,4 +251,5 @@ def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
         shutdown_grace=_number(section, "shutdown_grace", 15.0, 0.0),
         api_key_env=api_key_env,
         limit=_integer(section, "limit", None, 0),
+        max_consecutive_failures=int(_integer(section, "max_consecutive_failures", 200, 1) or 200),
     )

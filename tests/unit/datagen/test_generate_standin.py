@@ -1,0 +1,72 @@
+"""The SGLang stand-in itself: the endpoints and faults the generate tests rely on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
+from harness import STANDIN, StandinProcess  # noqa: E402
+
+
+def post(url, body):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return resp.status, json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def server():
+    with StandinProcess(["--max-natural-tokens", "40", "--context-length", "200"], model="m") as s:
+        yield s
+
+
+def test_chat_is_deterministic_and_counts_tokens(server):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 100}
+    _, a = post(server.url + "/v1/chat/completions", body)
+    _, b = post(server.url + "/v1/chat/completions", body)
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    assert a["usage"]["completion_tokens"] == len(a["choices"][0]["message"]["content"].split())
+    assert a["choices"][0]["finish_reason"] == "stop"
+    _, short = post(server.url + "/v1/chat/completions", dict(body, max_tokens=3))
+    assert short["choices"][0]["finish_reason"] == "length" and short["usage"]["completion_tokens"] == 3
+
+
+def test_native_generate_models_health_metrics(server):
+    _, gen = post(server.url + "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}})
+    assert gen["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
+    with urllib.request.urlopen(server.url + "/v1/models", timeout=5) as resp:
+        assert json.loads(resp.read())["data"][0]["id"] == "m"
+    for path in ("/health", "/health_generate"):
+        with urllib.request.urlopen(server.url + path, timeout=5) as resp:
+            assert resp.status == 200
+    assert server.metrics()["sglang:num_requests_total"] >= 1
+
+
+def test_wrong_model_and_too_long_prompts_are_4xx(server):
+    with pytest.raises(urllib.error.HTTPError) as err:
+        post(server.url + "/v1/chat/completions", {"model": "x", "messages": [{"role": "user", "content": "a"}]})
+    assert err.value.code == 404
+    with pytest.raises(urllib.error.HTTPError) as err:
+        post(server.url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 400}]})
+    assert err.value.code == 400
+
+
+def test_not_ready_period_answers_503():
+    with StandinProcess(["--not-ready-for", "60"], model="m") as s:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(s.url + "/health_generate", timeout=5)
+        assert err.value.code == 503
+
+
+def test_refuses_to_listen_beyond_loopback():
+    done = subprocess.run([sys.executable, STANDIN, "--host", "0.0.0.0", "--port", "0"], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 2 and "loopback only" in done.stderr
