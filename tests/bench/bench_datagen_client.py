@@ -103,7 +103,7 @@ def run_child(kind: str, url: str, prompts: str, work: str, arg: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--url", url, "--prompts", prompts,
            "--work", work, "--arg", str(arg)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{kind} run failed:\n{proc.stdout}\n{proc.stderr}")
@@ -116,7 +116,7 @@ def run_child(kind: str, url: str, prompts: str, work: str, arg: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--small", type=int, default=10000, help="prompts in the small datagen run")
     ap.add_argument("--large", type=int, default=60000, help="prompts in the large datagen run (200000 for the full check)")
     ap.add_argument("--pool", type=int, default=3000, help="requests for the openai thread-pool run")

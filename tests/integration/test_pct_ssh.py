@@ -2,7 +2,8 @@
 
 One ansible-playbook run drives a matrix of inventory hosts, all CT200, in
 parallel: as root and as the sudo user ``pveops``, with and without
-pipelining, and with the ``cat`` transfer fallback. Each runs raw, command and
+pipelining, with the ``cat`` transfer fallback, and without the shared
+connection (``control_persist=0``). Each runs raw, command and
 shell with hostile quoting, and copies and fetches an empty file, a binary file,
 a 200 MB file and files with non-ASCII names. The tests then compare what came
 back byte for byte. The lab is never brought down; skipped when it is not up.
@@ -32,6 +33,7 @@ MATRIX = {
     "pveops_pipelined": ("pveops", True, "auto", False),
     "pveops_plain": ("pveops", False, "auto", True),
     "root_cat": ("root", False, "cat", True),
+    "root_direct": ("root", True, "auto", False),  # control_persist=0: no master, a connection per task
 }
 HOSTILE_ARGV = ["it's", "$HOME", "`id`", 'say "hi"', "a;b && c | d", "\u00e9t\u00e9 \u65e5\u672c", "line1\nline2", "200; reboot"]
 
@@ -126,6 +128,8 @@ def suite(tmp_path_factory):
             it_src=str(src),
             it_fetch=str(tmp / "fetched" / name),
         )
+        if name == "root_direct":
+            hosts[name]["ansible_pct_ssh_control_persist"] = 0
     play = """
 - hosts: all
   gather_facts: false
@@ -264,7 +268,7 @@ def test_no_temporary_files_left_on_the_host(suite):
 
 
 def test_one_shared_connection_per_host_user(suite):
-    """Every task runs in a fresh worker, yet root's three hosts share one master and pveops' two another."""
+    """Every task runs in a fresh worker, yet root's three shared hosts use one master and pveops' two another."""
     assert len(suite[0]["_masters"]) == 2
 
 

@@ -64,7 +64,7 @@ def _words(seed: int, n: int) -> str:
     # a small LCG: deterministic and cheap enough that the stand-in never becomes the bottleneck
     out = []
     x = seed & 0xFFFFFFFF
-    for _ in range(n):
+    for _step in range(n):
         x = (x * 1103515245 + 12345) & 0x7FFFFFFF
         out.append(VOCAB[(x >> 8) % _NV])
     return " ".join(out)
@@ -271,7 +271,7 @@ class StandIn:
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--host", default="127.0.0.1", help="loopback only")
     ap.add_argument("--port", type=int, default=30000, help="0: any free port (see --port-file)")
     ap.add_argument("--port-file", help="write the bound port here once listening")

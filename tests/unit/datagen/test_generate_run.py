@@ -217,7 +217,7 @@ def test_kill_9_at_several_points_leaves_every_id_exactly_once(tmp_path, standin
         with open(out_path, "ab") as fh:
             fh.write(b'{"id":"%024x","source":"src","messa' % (399 - kill_at))
     proc = start_cli(cfg_path, tmp_path)
-    stdout, _ = proc.communicate(timeout=120)
+    stdout = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, stdout.decode()
     ids = [r["id"] for r in output_rows(tmp_path)]
     assert len(ids) == len(set(ids)) == 400
@@ -240,7 +240,7 @@ def test_status_while_running_in_another_process_shows_rate_and_eta(tmp_path, st
         assert 0 < status["done"] < status["total"] == 2000
         assert status["eta_s"] > 0 and status["req_s"] > 0 and status["in_flight"] <= 4
         proc.send_signal(signal.SIGTERM)  # systemd's stop: finish in flight, fsync, exit 0
-        stdout, _ = proc.communicate(timeout=30)
+        stdout = proc.communicate(timeout=30)[0]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -337,13 +337,13 @@ def test_a_write_failure_stops_the_run_with_the_reason_and_the_next_run_complete
     cfg_path = write_config(tmp_path, config(tmp_path, [server.url], shutdown_grace=1))
     env = dict(os.environ, PYTHONPATH=FILES)
     done = subprocess.run([sys.executable, "-m", "datagen.generate", "--config", cfg_path], env=env, cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=120, preexec_fn=_small_file_limit)
+                          capture_output=True, text=True, timeout=120, preexec_fn=_small_file_limit, check=False)
     assert done.returncode != 0
     assert "error: cannot write" in done.stderr and "File too large" in done.stderr, done.stderr
     status = read_status(str(tmp_path))
     assert status["state"] == "failed" and "File too large" in status["message"]
     proc = start_cli(cfg_path, tmp_path)  # the disk has room again: resume, repair, finish
-    stdout, _ = proc.communicate(timeout=120)
+    stdout = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, stdout.decode()
     ids = [r["id"] for r in output_rows(tmp_path)]
     assert sorted(ids) == sorted(r["id"] for r in rows)
@@ -364,6 +364,30 @@ def test_a_dead_fleet_stops_the_run_instead_of_failing_every_row(tmp_path, stand
     with pytest.raises(GenerateError, match="20 rows failed one after the other .*HTTP 503"):
         run_generate(settings_from_config(raw), str(tmp_path / "prompts.jsonl"), str(tmp_path))
     with open(tmp_path / "generate.errors.jsonl", encoding="utf-8") as fh:
-        failed = sum(1 for _ in fh)
+        failed = sum(1 for _line in fh)
     assert 20 <= failed < 100  # stopped early: the remaining prompts wait for the next run
     assert read_status(str(tmp_path))["state"] == "failed"
+
+
+def test_through_the_package_cli_generate_and_status(tmp_path, standin):
+    """``python -m datagen generate|status``: the core CLI calls this stage's API (the contract between the two)."""
+    server = standin()
+    make_prompts(tmp_path / "prompts.jsonl", 30, tools_every=4)
+    (tmp_path / "src.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
+    raw = config(tmp_path, [server.url])
+    raw.update({"target_total": 30, "target_mix": {"general": 1.0}, "max_length": 1024, "seed": 1,
+                "sources": [{"name": "lab", "adapter": "messages", "category": "general", "path": str(tmp_path / "src.jsonl")}]})
+    cfg_path = write_config(tmp_path, raw)
+    env = dict(os.environ, PYTHONPATH=FILES)
+    run = [sys.executable, "-m", "datagen"]
+    done = subprocess.run(run + ["generate", "--config", cfg_path], env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["written"] == 30
+    status = subprocess.run(run + ["status", "--config", cfg_path], env=env, capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert json.loads(status.stdout)["state"] == "finished"
+    raw["generate"]["thinking"] = "maybe"
+    bad = subprocess.run(run + ["generate", "--config", write_config(tmp_path, raw)], env=env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "generate.thinking" in bad.stderr

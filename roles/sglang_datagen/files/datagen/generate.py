@@ -226,7 +226,7 @@ def main(argv: Optional[list] = None) -> int:
     """``python -m datagen.generate``: the stage on its own (the package CLI is ``python -m datagen generate``)."""
     import yaml
 
-    ap = argparse.ArgumentParser(prog="python -m datagen.generate", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m datagen.generate", description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("command", choices=("generate", "status"), nargs="?", default="generate")
     ap.add_argument("--config", required=True)
     ap.add_argument("--prompts", help="default: WORK_DIR/prompts.jsonl")

@@ -503,7 +503,7 @@ class Engine:
                 if stop_wait in finished:
                     break
             if pending:  # stopping: let the requests in flight land, within the grace
-                _, pending = await asyncio.wait(pending, timeout=s.shutdown_grace)
+                pending = (await asyncio.wait(pending, timeout=s.shutdown_grace))[1]
         finally:
             for task in workers:
                 task.cancel()

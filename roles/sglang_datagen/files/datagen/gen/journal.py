@@ -31,7 +31,8 @@ class DoneIndex:
     __slots__ = ("_keys",)
 
     def __init__(self, keys: Iterable[int] = ()) -> None:
-        self._keys = array("Q", sorted(set(keys)))
+        # duplicates are harmless for bisect; no set: it would cost ~60 bytes a row at build time
+        self._keys = array("Q", sorted(keys))
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -111,7 +112,7 @@ def iter_lines(path: str) -> Iterator[bytes]:
 
 def scan_output(path: str) -> Tuple[DoneIndex, int, List[bytes]]:
     """(index of finished ids, number of rows, bad lines) of an output file after :func:`repair_tail`."""
-    keys: List[int] = []
+    keys = array("Q")  # 8 bytes a row while scanning, not a list of int objects
     bad: List[bytes] = []
     rows = 0
     for line in iter_lines(path):
