@@ -26,11 +26,13 @@ import math
 import os
 import select
 import signal
+import stat
 import time
 import typing as t
 from dataclasses import dataclass, field
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    files_open_for_writing,
     has_live_thread,
     list_pids,
     read_process,
@@ -154,23 +156,61 @@ def parse_ladder(raw: t.Any, *, tmux: bool, kill_timeout: float) -> list[Rung]:
 
 # ---------------------------------------------------------------- progress
 
-def progress_signature(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> frozenset:
-    """(path, size, mtime_ns) of every file under ``paths`` (bounded): a change means progress."""
-    seen: set[tuple[str, int, int]] = set()
-    stack = list(paths)
-    while stack and len(seen) < limit:
-        path = stack.pop()
+@dataclass(frozen=True)
+class ProgressScan:
+    """One look at ``progress_paths``: what changed-or-not is judged on, and the files' identities."""
+
+    signature: frozenset  # (path, inode, size, mtime_ns) of every entry seen
+    files: frozenset  # (st_dev, st_ino) of the regular files seen
+
+
+def progress_scan(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> ProgressScan:
+    """Every file and directory under ``paths`` (bounded by ``limit`` entries).
+
+    Symlinks are followed (a checkpoint directory is often a link to the run's
+    storage) with each directory walked once, so a link cycle ends. Within a
+    directory the newest entries are walked first: when ``limit`` cuts the walk
+    short it leaves out old checkpoints, never the one being written.
+    """
+    seen: set[tuple[str, int, int, int]] = set()
+    files: set[tuple[int, int]] = set()
+    walked: set[tuple[int, int]] = set()
+    stack: list[tuple[str, os.stat_result]] = []
+    stats_left = 4 * limit  # listing a huge directory costs stats too; bounded all the same
+    for path in reversed(list(paths)):
         try:
-            st = os.stat(path, follow_symlinks=False)
+            stack.append((path, os.stat(path)))
         except OSError:
             continue
-        seen.add((path, st.st_size, st.st_mtime_ns))
-        if os.path.isdir(path) and not os.path.islink(path):
+    while stack and len(seen) < limit:
+        path, st = stack.pop()
+        seen.add((path, st.st_ino, st.st_size, st.st_mtime_ns))
+        if stat.S_ISREG(st.st_mode):
+            files.add((st.st_dev, st.st_ino))
+        if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) in walked:
+            continue
+        walked.add((st.st_dev, st.st_ino))
+        try:
+            names = os.listdir(path)
+        except OSError:
+            continue
+        entries = []
+        for name in names[:stats_left]:
+            child = os.path.join(path, name)
             try:
-                stack.extend(os.path.join(path, name) for name in os.listdir(path))
-            except OSError:
+                entries.append((child, os.stat(child)))
+            except OSError:  # gone meanwhile, or a dangling link
                 continue
-    return frozenset(seen)
+        stats_left -= min(len(names), stats_left)
+        # oldest first on the stack, so the newest is popped (walked) first
+        entries.sort(key=lambda entry: (entry[1].st_mtime_ns, entry[0]))
+        stack.extend(entries)
+    return ProgressScan(frozenset(seen), frozenset(files))
+
+
+def progress_signature(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> frozenset:
+    """(path, inode, size, mtime_ns) of every entry under ``paths`` (bounded): a change means progress."""
+    return progress_scan(paths, limit).signature
 
 
 # ---------------------------------------------------------------- process handles
@@ -306,6 +346,10 @@ class ProcessSet:
             time.sleep(min(timeout, FALLBACK_POLL))
         return gone
 
+    def writing_to(self, files: t.Container[tuple[int, int]]) -> list[int]:
+        """Live members holding one of ``files`` (``(st_dev, st_ino)``) open for writing."""
+        return [h.pid for h in self.live() if any(f in files for f in files_open_for_writing(h.pid, self.proc_root))]
+
     def close(self) -> None:
         for handle in self.handles.values():
             self._release(handle)
@@ -328,6 +372,7 @@ class RungReport:
     already_gone: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     remaining: int = 0
+    held_open: bool = False  # extended because the job kept a file under progress_paths open for writing
 
     def as_dict(self) -> dict[str, t.Any]:
         return {
@@ -335,7 +380,7 @@ class RungReport:
             "targets": self.targets, "sent_at": round(self.sent_at, 4), "ended_at": round(self.ended_at, 4),
             "waited": round(self.waited, 4),
             "extended_by": round(self.extended_by, 4), "exited": self.exited, "already_gone": self.already_gone,
-            "errors": self.errors, "remaining": self.remaining,
+            "errors": self.errors, "remaining": self.remaining, "held_open": self.held_open,
         }
 
 
@@ -373,8 +418,11 @@ def run_ladder(
     ``find_children(live_pids)`` returns (pid, starttime, pgid) of processes
     born to live members since the snapshot; they join before each later rung.
     Each rung waits until its timeout, and past it only while a file under
-    ``progress_paths`` changed within ``progress_stall`` seconds, never past
-    ``max_grace`` from the rung's start (SIGKILL rungs never extend).
+    ``progress_paths`` changed within ``progress_stall`` seconds, or, once a
+    change was seen in this rung, while a live member still holds a file under
+    them open for writing (a save that pauses between writes longer than
+    ``progress_stall``); never past ``max_grace`` from the rung's start
+    (SIGKILL rungs never extend).
     """
     clock = procs.clock
     t0 = clock() if started is None else started
@@ -393,7 +441,7 @@ def run_ladder(
         report = RungReport(rung.name, rung.via, rung.to, rung.timeout)
         reports.append(report)
         report.sent_at = clock() - t0
-        baseline = progress_signature(progress_paths) if progress_paths and rung.signal != signal.SIGKILL else None
+        baseline = progress_scan(progress_paths).signature if progress_paths and rung.signal != signal.SIGKILL else None
         if rung.via == "tmux" and send_keys is not None:
             panes, errors = send_keys()
             report.targets = panes
@@ -425,10 +473,17 @@ def run_ladder(
             now = clock()
             if baseline is not None and (now >= next_sample or deadline.expired()):
                 # sampled on schedule, and again right when the timeout is reached, before deciding
-                current = progress_signature(progress_paths)
-                if current != baseline:
-                    baseline = current
+                scan = progress_scan(progress_paths)
+                if scan.signature != baseline:
+                    baseline = scan.signature
                     last_change = now
+                elif last_change is not None and procs.writing_to(scan.files):
+                    # Seen progressing in this rung, and the job still holds a file under
+                    # progress_paths open for writing: a save pausing longer than progress_stall
+                    # between writes (the next shard being serialized, an fsync under I/O load)
+                    # is still a save in progress. max_grace (cap) bounds this like any progress.
+                    last_change = now
+                    report.held_open = True
                 next_sample = now + sample_every
             if deadline.expired():
                 if last_change is None or now - last_change > progress_stall or now >= cap:

@@ -348,3 +348,39 @@ def fd_links(pid: int, proc_root: str = "/proc") -> list[tuple[str, str]]:
         except OSError:
             continue
     return links
+
+
+def parse_fdinfo_flags(text: str) -> int | None:
+    """The ``flags:`` field (octal open flags) of a ``/proc/PID/fdinfo/N`` text; None without one."""
+    for line in text.splitlines():
+        if line.startswith("flags:"):
+            try:
+                return int(line.split(":", 1)[1].strip(), 8)
+            except ValueError:
+                return None
+    return None
+
+
+def files_open_for_writing(pid: int, proc_root: str = "/proc") -> set[tuple[int, int]]:
+    """``(st_dev, st_ino)`` of every regular file ``pid`` holds open for writing.
+
+    Identities, not paths: they still match after the file is renamed, and
+    when the caller sees the file through another mount namespace (the PVE
+    host looking into a container's rootfs). Vanished or unreadable
+    processes give an empty set.
+    """
+    found: set[tuple[int, int]] = set()
+    for fd_path, _target in fd_links(pid, proc_root):
+        try:
+            st = os.stat(fd_path)
+        except OSError:
+            continue
+        if (st.st_mode & 0o170000) != 0o100000:  # S_ISREG: pipes, sockets, ttys and devices are not saves
+            continue
+        try:
+            flags = parse_fdinfo_flags(_read_text("%s/%d/fdinfo/%s" % (proc_root, pid, os.path.basename(fd_path))))
+        except OSError:
+            continue
+        if flags is not None and (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR):
+            found.add((st.st_dev, st.st_ino))
+    return found

@@ -255,21 +255,39 @@ def pane_roots(panes: t.Sequence[Pane], table: t.Mapping[int, ProcessInfo]) -> t
 
     The shell at the prompt is the terminal's, not the job's: it ignores SIGINT
     and SIGTERM (so it would hold every rung to its timeout) and killing it
-    closes the pane and its scrollback.
+    closes the pane and its scrollback. Interactive shells started at that
+    prompt (``bash`` typed in the pane, then the job) are the terminal's too,
+    so the search goes on through them.
     """
+    children: dict[int, list[int]] = {}
+    for pid, other in table.items():
+        children.setdefault(other.ppid, []).append(pid)
     roots: list[int] = []
     notes: list[str] = []
     for pane in panes:
         info = table.get(pane.pid)
         if info is None:
             continue
-        if is_interactive_shell(info.cmdline):
-            kids = sorted(pid for pid, other in table.items() if other.ppid == pane.pid)
-            roots.extend(kids)
-            notes.append("tmux pane %s: its shell (pid %d) is left running; %s" % (
-                pane.pane_id, pane.pid, "what runs in it is the job" if kids else "nothing runs in it"))
-        else:
+        if not is_interactive_shell(info.cmdline):
             roots.append(pane.pid)
+            continue
+        shells, kids = [pane.pid], []
+        frontier, seen = [pane.pid], {pane.pid}
+        while frontier:  # bounded: every pid is visited at most once
+            for kid in sorted(children.get(frontier.pop(0), ())):
+                if kid in seen:
+                    continue
+                seen.add(kid)
+                if is_interactive_shell(table[kid].cmdline):
+                    shells.append(kid)
+                    frontier.append(kid)
+                else:
+                    kids.append(kid)
+        roots.extend(kids)
+        notes.append("tmux pane %s: %s left running; %s" % (
+            pane.pane_id, "its shell (pid %d) is" % shells[0] if len(shells) == 1 else
+            "its shells (pids %s) are" % ", ".join(str(pid) for pid in shells),
+            "what runs in it is the job" if kids else "nothing runs in it"))
     return roots, notes
 
 

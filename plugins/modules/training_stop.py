@@ -119,16 +119,21 @@ options:
     elements: dict
   progress_paths:
     description:
-      - Files or directories (searched recursively, up to 10000 entries) whose size or modification time
-        changing means the job is still making progress, typically the checkpoint directory.
+      - Files or directories (searched recursively, following symlinks, up to 10000 entries, newest first) whose
+        entries appearing, being renamed, or changing size or modification time means the job is still making
+        progress, typically the checkpoint directory.
       - While they changed within I(progress_stall) seconds, a rung other than SIGKILL waits past its timeout,
         up to I(max_grace) after the rung started.
+      - Once a change was seen during a rung, the rung also keeps waiting (still up to I(max_grace)) while a
+        selected process holds a file under them open for writing, so a save that pauses between writes for
+        longer than I(progress_stall) (the next shard being serialized, an fsync under I/O load) is not cut short.
     type: list
     elements: path
     default: []
   progress_stall:
     description:
-      - Seconds without any change under I(progress_paths) after which the job counts as no longer progressing.
+      - Seconds without any change under I(progress_paths) (and no file there held open for writing by the job)
+        after which the job counts as no longer progressing.
     type: float
     default: 10
   max_grace:
@@ -212,13 +217,14 @@ plan:
 rungs:
   description: One entry per rung climbed, with the signal, targets (PIDs, or tmux pane ids), when it was sent and
     when its wait ended (seconds since the module started), how long it waited, how much of that came from progress
-    (C(extended_by)), which PIDs exited, which had already gone, and how many were left (C(remaining)).
+    (C(extended_by)), which PIDs exited, which had already gone, how many were left (C(remaining)), and whether the
+    wait was extended because the job held a file under I(progress_paths) open for writing (C(held_open)).
   returned: always
   type: list
   elements: dict
   sample:
     - {signal: SIGINT, via: tmux, to: launcher, timeout: 45, targets: ["%0"], sent_at: 0.012, ended_at: 3.525, waited: 3.51,
-       extended_by: 0, exited: [32244, 32250], already_gone: [], errors: [], remaining: 0}
+       extended_by: 0, exited: [32244, 32250], already_gone: [], errors: [], remaining: 0, held_open: false}
 stopped_by:
   description: The rung after which no selected process was left, as C(SIGNAL) or C(SIGINT via tmux); null when nothing
     was selected or processes survived.

@@ -11,6 +11,7 @@ Contenders, run interleaved round by round so machine load hits all alike:
   pct_ssh_plain       gpuops.repurpose.pct_ssh, pipelining off
   pct_remote          community.proxmox.proxmox_pct_remote (the peer to beat)
   raw_pct_exec        ansible.builtin.raw "pct exec 200 -- true" over OpenSSH (no module at all)
+  raw_host            ansible.builtin.raw "true" over OpenSSH (raw_pct_exec minus it: the pct hop)
   openssh_host        ansible.builtin.ssh running the same module on the PVE host itself, pipelined
                       (no container hop: the floor for "a module over SSH")
 
@@ -60,13 +61,17 @@ def contenders(status: dict, cp_dir: str) -> dict:
         "pct_remote": (dict(base, ansible_connection="community.proxmox.proxmox_pct_remote", proxmox_vmid=200,
                             ansible_host_key_checking=False, ansible_pipelining=False), "command"),
         "raw_pct_exec": (dict(openssh, ansible_pipelining=True), "raw"),
+        "raw_host": (dict(openssh, ansible_pipelining=True), "raw_host"),
         "openssh_host": (dict(openssh, ansible_pipelining=True), "command"),
     }
 
 
 def playbook(kind: str, n: int) -> str:
-    task = ('    - name: t{i}\n      ansible.builtin.raw: /usr/sbin/pct exec 200 -- /bin/true\n' if kind == "raw"
-            else '    - name: t{i}\n      ansible.builtin.command: /bin/true\n')
+    task = {
+        "raw": "    - name: t{i}\n      ansible.builtin.raw: /usr/sbin/pct exec 200 -- /bin/true\n",
+        "raw_host": "    - name: t{i}\n      ansible.builtin.raw: /bin/true\n",
+        "command": "    - name: t{i}\n      ansible.builtin.command: /bin/true\n",
+    }[kind]
     return "- hosts: all\n  gather_facts: false\n  tasks:\n" + "".join(task.format(i=i) for i in range(n))
 
 
@@ -97,6 +102,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--slice", type=int, default=10, help="tasks per playbook run before rotating to the next contender")
     ap.add_argument("--only", nargs="*", help="a subset of contenders")
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
@@ -106,12 +112,15 @@ def main() -> None:
         table = contenders(status, str(tmp / "cp"))
         names = [n for n in table if not args.only or n in args.only]
         per: dict = {n: [] for n in names}
+        # slices of a few tasks, rotating through the contenders, so a change in machine load
+        # during the run hits every contender alike
+        slices = [min(args.slice, args.tasks - i) for i in range(0, args.tasks, args.slice)]
         for rnd in range(args.rounds):
-            for name in names:
-                hostvars, kind = table[name]
-                times = run_once(tmp, name, hostvars, kind, args.tasks)
-                per[name] += times
-                print("round %d %-18s median %.3f s/task" % (rnd + 1, name, statistics.median(times)), flush=True)
+            for n in slices:
+                for name in names:
+                    hostvars, kind = table[name]
+                    per[name] += run_once(tmp, name, hostvars, kind, n)
+            print("round %d: %s" % (rnd + 1, ", ".join("%s %.3f" % (n, statistics.median(per[n])) for n in names)), flush=True)
     med = {n: statistics.median(v) for n, v in per.items()}
     print("\n%-18s %10s %10s" % ("contender", "median s", "tasks"))
     for n in names:
@@ -127,6 +136,10 @@ def main() -> None:
                 ratios["%s/openssh_host" % n] = med[n] / med["openssh_host"]
     if "raw_pct_exec" in med and "pct_ssh_pipelined" in med:
         ratios["pct_ssh_pipelined/raw_pct_exec"] = med["pct_ssh_pipelined"] / med["raw_pct_exec"]
+    if "raw_pct_exec" in med and "raw_host" in med:
+        print("pct hop (raw_pct_exec - raw_host): %.3f s" % (med["raw_pct_exec"] - med["raw_host"]))
+    if "pct_ssh_pipelined" in med and "openssh_host" in med:
+        print("pct_ssh_pipelined - openssh_host:   %.3f s" % (med["pct_ssh_pipelined"] - med["openssh_host"]))
     print()
     for k, v in ratios.items():
         print("%-36s %6.2fx" % (k, v))

@@ -260,6 +260,44 @@ def test_check_mode_is_a_dry_run_that_shows_the_plan(graceful_trainer):
     assert lock_holder(graceful_trainer) is None
 
 
+def pane_pids(status: dict, session: str) -> list[int]:
+    done = ct(status, "tmux", "list-panes", "-t", "=%s:" % session, "-F", "#{pane_pid}", check=False)
+    return [int(word) for word in done.stdout.split() if word.isdigit()] if done.returncode == 0 else []
+
+
+def test_tmux_selection_is_the_module_s_exact_session_pane_shell_kept_prefix_session_untouched(lab):
+    """The role passes only tmux_session/match: Ctrl-C ends the job, the pane's shell stays, and a session
+    whose name merely starts with "dflash" is never signalled, captured or selected, even once dflash is gone."""
+    trainer("graceful")
+    ct(lab, "tmux", "kill-session", "-t", "=dflash-eval", check=False)
+    # a pane process with a child, as the trainer's pane has: what the role's own pane listing
+    # (list-panes -s -t =dflash, which falls back to dflash-eval) used to hand over as pids
+    ct(lab, "tmux", "new-session", "-d", "-s", "dflash-eval", "echo 'step 999 | decoy'; sleep 3599; true")
+    try:
+        decoy = wait_for(lambda: pane_pids(lab, "dflash-eval"), 30, "the decoy session")
+        child = wait_for(lambda: [pid for pid, args in ct_processes(lab).items() if args == "sleep 3599"], 30,
+                         "the decoy's child")
+        shell = pane_pids(lab, "dflash")
+        assert len(shell) == 1
+        rc, out = play()
+        assert rc == 0, out
+        assert "by rung SIGINT via tmux" in out, out
+        assert re.search(r"Last step line before the first signal: step \d+ \|", out), out
+        assert "step 999" not in out and not trainer_pids(lab)
+        assert pane_pids(lab, "dflash") == shell and shell[0] in ct_processes(lab)  # the prompt's shell stays
+
+        ct(lab, "tmux", "kill-session", "-t", "=dflash")  # no session: nothing selected, no fallback to dflash-eval
+        rc, out = play()
+        assert rc == 0, out
+        assert "Stopped: nothing, no process was selected" in out and "step 999" not in out
+        assert recap(out)["changed"] == 0
+        assert pane_pids(lab, "dflash-eval") == decoy and decoy[0] in ct_processes(lab)
+        assert child[0] in ct_processes(lab)
+    finally:
+        ct(lab, "tmux", "kill-session", "-t", "=dflash-eval", check=False)
+        trainer("graceful")
+
+
 def test_rerun_after_the_play_was_killed_between_ladder_and_gpu_check(lab):
     trainer("graceful")
     decoys = decoy_pids(lab)

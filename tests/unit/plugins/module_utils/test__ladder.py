@@ -24,7 +24,11 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     run_ladder,
     stat_children,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_starttime
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    files_open_for_writing,
+    parse_fdinfo_flags,
+    read_starttime,
+)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
 from trainer_harness import ZOMBIE_LEADER, read_stat, wait_for  # noqa: E402
@@ -280,6 +284,122 @@ def test_progress_never_extends_past_max_grace(children, tmp_path):
                      progress_paths=[str(target)], progress_stall=5, max_grace=1.0)
     assert out.stopped_by == 1
     assert out.rungs[0].extended_by <= 1.0 - 0.2 + 1e-6  # bounded by max_grace, whatever the writer does
+
+
+# A checkpoint save as real trainers do it: a nested step directory, a .tmp file written in
+# shards with pauses between them (the next shard serialized, an fsync under load) that are
+# longer than progress_stall, then the file and the directory renamed into place.
+SAVER = """
+    import os, signal, sys, time
+    root, shards, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    def save(signum, frame):
+        step = os.path.join(root, "step-000682.tmp")
+        os.makedirs(os.path.join(step, "rank0"))
+        with open(os.path.join(step, "rank0", "model.pt.tmp"), "wb") as handle:
+            for _shard in range(shards):
+                handle.write(b"w" * 65536)
+                handle.flush()
+                time.sleep(pause)  # nothing visible changes meanwhile
+            os.fsync(handle.fileno())
+        os.rename(os.path.join(step, "rank0", "model.pt.tmp"), os.path.join(step, "rank0", "model.pt"))
+        os.rename(step, os.path.join(root, "step-000682"))
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, save)
+    print("ready", flush=True)
+    while True:
+        time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("use_pidfd", MODES)
+def test_save_pausing_longer_than_progress_stall_is_not_cut_short(children, tmp_path, use_pidfd):
+    """The lab's slow_checkpoint run: changes seen, then none for progress_stall while the save went on."""
+    if use_pidfd and not pidfd_supported():
+        pytest.skip("no pidfd here")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "step-000681").mkdir()  # an older checkpoint next to it
+    (ckpt / "step-000681" / "model.pt").write_bytes(b"o" * 1000)
+    child = spawn(SAVER, str(ckpt), "4", "0.6")
+    children.append(child)
+    procs = ProcessSet(use_pidfd=use_pidfd)
+    hold(procs, child)
+    out = run_ladder([Rung(TERM, 0.2), Rung(KILL, 5)], procs, root_pgids=[child.pid],
+                     progress_paths=[str(ckpt)], progress_stall=0.3, max_grace=30)
+    assert out.stopped_by == 0 and child.wait(timeout=5) == 0, [r.as_dict() for r in out.rungs]
+    assert (ckpt / "step-000682" / "rank0" / "model.pt").stat().st_size == 4 * 65536
+    assert not (ckpt / "step-000682.tmp").exists()
+
+
+def test_a_save_hung_with_its_file_open_is_still_bounded_by_max_grace(children, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    child = spawn(SAVER, str(ckpt), "2", "3600")  # one write, then hangs holding the .tmp open
+    children.append(child)
+    procs = ProcessSet()
+    hold(procs, child)
+    out = run_ladder([Rung(TERM, 0.2), Rung(KILL, 5)], procs, root_pgids=[child.pid],
+                     progress_paths=[str(ckpt)], progress_stall=0.3, max_grace=1.0)
+    assert out.stopped_by == 1 and out.rungs[0].held_open
+    assert out.rungs[0].extended_by <= 1.0 - 0.2 + 1e-6
+
+
+def test_files_open_for_writing_are_identities_of_write_fds(tmp_path):
+    written, read = tmp_path / "w.tmp", tmp_path / "r"
+    read.write_bytes(b"r")
+    with open(written, "ab") as w_handle, open(read, "rb") as _r_handle:
+        os.rename(written, tmp_path / "w")  # still the same file after the rename
+        found = files_open_for_writing(os.getpid())
+        st_w, st_r = os.stat(tmp_path / "w"), os.stat(read)
+        assert (st_w.st_dev, st_w.st_ino) in found and (st_r.st_dev, st_r.st_ino) not in found
+        assert w_handle.fileno() > 0
+    assert parse_fdinfo_flags("pos:\t0\nflags:\t0100001\nmnt_id:\t29\n") == 0o100001
+    assert parse_fdinfo_flags("pos: 0\n") is None
+
+
+IDLE_OPEN = """
+    import signal, sys, time
+    log = open(sys.argv[1], "ab")  # held open for writing, never written after the signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("ready", flush=True)
+    while True:
+        time.sleep(60)
+"""
+
+
+def test_a_file_held_open_without_progress_does_not_extend_the_rung(children, tmp_path):
+    """Only a save that was seen progressing in this rung is waited for while its file is open."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    child = spawn(IDLE_OPEN, str(ckpt / "train.log"))
+    children.append(child)
+    procs = ProcessSet()
+    hold(procs, child)
+    out = run_ladder([Rung(TERM, 0.3), Rung(KILL, 5)], procs, root_pgids=[child.pid],
+                     progress_paths=[str(ckpt)], progress_stall=0.3, max_grace=30)
+    assert out.stopped_by == 1 and out.rungs[0].extended_by == 0
+    assert child.wait(timeout=5) == -KILL
+
+
+def test_progress_scan_follows_symlinks_and_sees_the_newest_first(tmp_path):
+    real = tmp_path / "data" / "run-17"
+    (real / "old").mkdir(parents=True)
+    for index in range(300):
+        (real / "old" / ("shard-%03d.pt" % index)).write_bytes(b"o")
+    old_ns = (real / "old").stat().st_mtime_ns - 10 ** 9
+    os.utime(real / "old", ns=(old_ns, old_ns))
+    (real / "new").mkdir()
+    growing = real / "new" / "model.pt.tmp"
+    growing.write_bytes(b"x")
+    link = tmp_path / "ckpt"
+    link.symlink_to(real)  # the checkpoint directory is a symlink (and so could a subdirectory be)
+    (real / "loop").symlink_to(real)  # a cycle must not be walked forever
+    before = progress_signature([str(link)], limit=50)
+    assert any(entry[0].endswith("model.pt.tmp") for entry in before)
+    with open(growing, "ab") as handle:
+        handle.write(b"y")
+    assert progress_signature([str(link)], limit=50) != before
+    assert progress_signature([str(link)]) == progress_signature([str(link)])
 
 
 def test_launcher_targets_and_order(children):

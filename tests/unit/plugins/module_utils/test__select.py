@@ -269,3 +269,20 @@ def test_started_after_and_read_tpgid_on_this_process(tmp_path):
     (tmp_path / "stat").write_text("cpu  1 2 3\n")
     with pytest.raises(SelectError, match="no btime"):
         started_after(me, 0.0, proc_root=str(tmp_path))
+
+
+def test_tmux_nested_interactive_shells_are_left_alone_what_runs_in_them_is_the_job():
+    # the pane's bash (100), then "bash" typed at its prompt (150), then the job typed in that one
+    tbl = table(
+        proc(1, 0, "/sbin/init"),
+        proc(100, 1, "-bash", sid=100),
+        proc(150, 100, "bash", pgid=150, sid=100),
+        proc(200, 150, "/usr/bin/python3 %s --ckpt-dir /ck" % TRAIN, pgid=200, sid=100),
+        proc(201, 200, "/usr/bin/python3 %s --worker --rank 0 --ckpt-dir /ck" % TRAIN),
+        proc(400, 1, "bash", sid=400),  # a shell in another pane of another session: not this pane's
+    )
+    sel = run_select(tbl, panes=[Pane("%0", 100)], self_pid=7777, ancestors=[1])
+    assert sorted(sel.members) == [200, 201] and sel.members[200].depth == 0
+    assert "its shells (pids 100, 150) are left running; what runs in it is the job" in sel.notes[0]
+    idle = run_select(tbl, panes=[Pane("%1", 400)], self_pid=7777, ancestors=[1])
+    assert idle.members == {} and "its shell (pid 400) is left running; nothing runs in it" in idle.notes[0]

@@ -344,6 +344,25 @@ def test_tmux_typed_at_a_shell_prompt_stops_job_keeps_shell(tmux_job, decoys):
     assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
 
 
+def test_tmux_typed_stubborn_escalates_to_sigkill_and_the_shell_and_pane_stay(tmux_job, decoys):
+    """What roles/stop_training used to do itself (pane shells' children as pids, shells excluded), done by the module."""
+    trainer = tmux_job("stubborn", typed=True)
+    shell = decoys["tmux"].pane_pids("dflash")[0]
+    args = {"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
+        {"signal": "INT", "timeout": 0.5, "via": "tmux"}, {"signal": "TERM", "timeout": 0.5}, {"signal": "KILL", "timeout": 5}]}
+    plan = run_module(args, check_mode=True)
+    assert plan["rc"] == 0 and shell not in pids_of(plan) and len(plan["selected"]) == 3, plan
+    note = "its shell (pid %d) is left running; what runs in it is the job" % shell
+    assert any(note in line for line in plan["notes"]), plan["notes"]
+    result = run_module(args)
+    assert result["rc"] == 0, result
+    assert result["stopped_by"] == "SIGKILL" and shell not in pids_of(result)
+    # SIGTERM and SIGKILL went to every process of the job, never to the prompt's shell
+    assert shell not in result["rungs"][1]["targets"] + result["rungs"][2]["targets"]
+    assert not pids_with(trainer.ckpt_dir)
+    assert alive(shell) and decoys["tmux"].pane_pids("dflash") == [shell]
+
+
 def test_tmux_ctrl_c_is_not_trusted_stubborn_escalates(tmux_job, decoys):
     trainer = tmux_job("stubborn")
     result = run_module({"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
