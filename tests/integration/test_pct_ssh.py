@@ -134,7 +134,7 @@ def suite(tmp_path_factory):
 - hosts: all
   gather_facts: false
   vars:
-    d: "/tmp/pct_ssh_it/{{ inventory_hostname }}"
+    d: "/tmp/pct_ssh_it-{{ inventory_hostname }}"
   tasks:
     - name: raw
       ansible.builtin.raw: "echo out; echo err >&2; exit 3"

@@ -6,9 +6,13 @@
 
 The real ``ansible-playbook`` through the real ``pct_ssh`` connection: venv, the
 datagen package, nine systemd units (eight workers and the router), the readiness
-gate, and the ``datagen-pipeline`` unit, which must run prepare + generate to the
-end after the play has returned. Then a second run must change nothing, and a dry
-run must report nothing to do. Skipped with the reason when the lab is not up.
+gate, and the ``datagen-pipeline`` unit, which must run all five stages (prepare,
+generate, tokenize, merge, report) to the end after the play has returned, with the
+lab's real tokenizer and existing dataset. Every request goes through the router to
+the eight workers (their own /metrics say so), and the workers count prompt tokens
+with the same tokenizer, so tokenize's prompt check must match every row. Then a
+second run must change nothing, and a dry run must report nothing to do. Skipped
+with the reason when the lab is not up.
 """
 
 from __future__ import annotations
@@ -29,6 +33,22 @@ BIN = Path(sys.executable).parent
 CONVERGE = ROOT / "tests" / "integration" / "sglang_datagen" / "converge.yml"
 INVENTORY = ROOT / "inventories" / "lab"
 WORK = "/srv/datagen/work"
+ROUTER = "http://127.0.0.1:30000"
+WORKERS = [f"http://127.0.0.1:{31000 + i}" for i in range(8)]
+# inside CT200: every server's /metrics as {url: {name: value}} ({} for one that does not answer)
+METRICS_PY = r"""
+import json, re, sys, urllib.request
+out = {}
+for url in sys.argv[1:]:
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    except OSError:
+        out[url] = {}
+        continue
+    out[url] = {m.group(1): float(m.group(2)) for m in
+                (re.match(r'^(\S+?(?:\{[^}]*\})?) (\S+)$', line) for line in text.splitlines()) if m}
+print(json.dumps(out))
+"""
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
@@ -62,6 +82,20 @@ def in_ct(lab, *argv, check=True):
     return done
 
 
+def server_metrics(lab):
+    """Every server's metrics, read from inside CT200 (loopback there); {} before the venv exists."""
+    done = in_ct(lab, "/opt/datagen/venv/bin/python", "-c", METRICS_PY, ROUTER, *WORKERS, check=False)
+    return json.loads(done.stdout) if done.returncode == 0 else {}
+
+
+def requests_since(before, after, url):
+    """Chat requests a worker answered between two reads; a restarted worker (new start time) counts from 0."""
+    now = after.get(url, {})
+    then = before.get(url, {})
+    same_process = then.get("standin_start_time_seconds") == now.get("standin_start_time_seconds")
+    return int(now.get("standin_ok_total", 0) - (then.get("standin_ok_total", 0) if same_process else 0))
+
+
 def play(*extra):
     env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_FORCE_COLOR="0")
     done = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(CONVERGE), *extra],
@@ -73,12 +107,14 @@ def play(*extra):
 
 def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     # a pipeline that must run again: no finished marker, no generated rows
-    in_ct(lab, "rm", "-f", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json")
+    in_ct(lab, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json",
+          f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report")
+    before = server_metrics(lab)
     out = play()[0]
     assert "pipeline: started" in out or "pipeline: running" in out, out[-3000:]
 
     # it runs on after the play: wait (bounded) until the unit has finished
-    deadline = time.monotonic() + 180
+    deadline = time.monotonic() + 300
     while True:
         state = in_ct(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
         marker = in_ct(lab, "test", "-s", f"{WORK}/pipeline.done", check=False).returncode == 0
@@ -94,6 +130,29 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     assert len({r["id"] for r in rows}) == 100
     assert {r["server"] for r in rows} == {"http://127.0.0.1:30000"}  # through the router
     assert all(r["model"] == "lab-model" and r["messages"][-1]["role"] == "assistant" for r in rows)
+
+    # the router answered nothing itself: the 100 requests reached the workers, every one of them
+    after = server_metrics(lab)
+    per_worker = [requests_since(before, after, url) for url in WORKERS]
+    assert sum(per_worker) == 100 and min(per_worker) > 0, per_worker
+    assert all(after[url]["standin_tokenizer_info"] == 1 for url in WORKERS)
+    routed = [after[ROUTER][f'sgl_router_processed_requests_total{{worker="{url}"}}'] for url in WORKERS]
+    assert all(n > 0 for n in routed), routed
+
+    # tokenize, merge, report ran with the lab tokenizer and the existing set
+    tokenized = json.loads(in_ct(lab, "cat", f"{WORK}/tokenized/manifest.json").stdout)
+    check = tokenized["prompt_check"]
+    assert (check["checked"], check["matched"], check["mismatched"]) == (100, 100, 0), check
+    assert (tokenized["rows_out"], tokenized["tokenizer"]) == (100, "/srv/datagen/tokenizer")
+    merged = json.loads(in_ct(lab, "cat", f"{WORK}/merged/manifest.json").stdout)
+    assert merged["existing_per_category"] == {"coding": 45, "general": 13}
+    assert merged["merged_per_category"] == {"coding": 45, "general": 113} and merged["rows"] == 158
+    shards = [p for p in merged["shards"] if in_ct(lab, "test", "-s", p, check=False).returncode == 0]
+    assert shards and len(shards) == len(merged["shards"])
+    for name in ("composition.md", "mix.png", "lengths.png"):
+        assert in_ct(lab, "test", "-s", f"{WORK}/report/{name}", check=False).returncode == 0, name
+    table = in_ct(lab, "cat", f"{WORK}/report/composition.md").stdout
+    assert re.search(r"\| coding \| 45 \| 77\.6% \| 0 \| 45 \| 28\.5% \| 30\.0% \|", table), table[:1500]
 
     # the units are real systemd units, enabled, one worker per fake GPU
     for unit in [f"sglang-datagen-worker@{i}.service" for i in range(8)] + ["sglang-datagen-router.service"]:

@@ -22,6 +22,19 @@ Loopback only. Run::
 It also answers SGLang's and sglang-router's command lines in the role's
 lab mode: unknown options are ignored, ``--model-path``/``--served-model-name``
 give the model name.
+
+``--tokenizer DIR`` (SGLang's ``--tokenizer-path``): ``usage.prompt_tokens`` is the token
+count of the chat template rendered by that tokenizer (``apply_chat_template`` with the
+request's ``tools`` and ``chat_template_kwargs``, ``add_generation_prompt=True``), as SGLang
+counts it, instead of the chars/4 estimate; needs ``transformers``.
+
+Router mode (sglang-router's ``--worker-urls URL ...``): the stand-in answers nothing
+itself but forwards every request to one of the workers, chosen by ``--policy``
+(``round_robin``; ``random``; ``cache_aware`` and ``power_of_two`` pick the worker with
+the fewest requests in flight, as sglang-router does once the load is imbalanced).
+A connection that fails before an answer is retried on the next worker.
+``/health_generate`` is 200 only when every worker's is, ``/v1/models`` comes from a
+worker, and ``/metrics`` counts the requests sent to each worker.
 """
 
 from __future__ import annotations
@@ -38,7 +51,9 @@ import sys
 import time
 import zlib
 from typing import Any, Dict, List, Optional
+from urllib.parse import urlsplit
 
+import aiohttp
 from aiohttp import web
 
 VOCAB = (
@@ -78,19 +93,50 @@ def _text_of(content: Any) -> str:
     return "" if content is None else json.dumps(content)
 
 
+def load_tokenizer(path: str) -> Any:
+    """The fast tokenizer (with its chat template) in ``path``; SystemExit with the fix when unusable."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise SystemExit("standin: --tokenizer needs the transformers package") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # OSError, ValueError, HF errors
+        raise SystemExit(f"standin: --tokenizer {path}: cannot load it: {exc}") from None
+    if not getattr(tok, "is_fast", False) or not getattr(tok, "chat_template", None):
+        raise SystemExit(f"standin: --tokenizer {path}: needs tokenizer.json and a chat_template")
+    return tok
+
+
 class StandIn:
     def __init__(self, args: argparse.Namespace) -> None:
         self.a = args
         self.model = args.model
         self.rng = random.Random(args.seed)
         self.t0 = time.monotonic()
+        self.started = time.time()
         self.counters: Dict[str, int] = {
             "requests": 0, "ok": 0, "injected_503": 0, "dropped": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "running": 0,
         }
         self.seen_ids: Dict[str, int] = {}
+        self.tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
 
     # ------------------------------------------------------------------ helpers
+
+    def count_chat_prompt(self, messages: List[Dict[str, Any]], tools: Any, kwargs: Dict[str, Any]) -> int:
+        """prompt_tokens as SGLang counts them: the rendered chat template, tokenized (or chars/4)."""
+        if self.tokenizer is None:
+            n = sum(4 + len(_text_of(m.get("content"))) // 4 for m in messages)
+            return n + (len(json.dumps(tools)) // 4 if tools else 0)
+        text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                  add_generation_prompt=True, **kwargs)
+        return len(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def count_text(self, text: str) -> int:
+        if self.tokenizer is None:
+            return 1 + len(text) // 4
+        return len(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
 
     def ready(self) -> bool:
         return time.monotonic() - self.t0 >= self.a.not_ready_for
@@ -149,9 +195,12 @@ class StandIn:
         if model is not None and model != self.model:
             return web.json_response({"object": "error", "message": f"model {model!r} not found", "code": 404},
                                      status=404)
-        prompt_tokens = sum(4 + len(_text_of(m.get("content"))) // 4 for m in messages)
-        if body.get("tools"):
-            prompt_tokens += len(json.dumps(body["tools"])) // 4
+        kwargs = body.get("chat_template_kwargs") or {}
+        try:
+            prompt_tokens = self.count_chat_prompt(messages, body.get("tools"), kwargs)
+        except Exception as exc:  # jinja errors in the template (bad role order...): SGLang answers 400 too
+            return web.json_response({"object": "error", "message": f"chat template: {exc}", "code": 400},
+                                     status=400)
         if prompt_tokens > self.a.context_length:
             return web.json_response({"object": "error", "code": 400, "message":
                                       f"prompt is {prompt_tokens} tokens, longer than the context "
@@ -174,7 +223,6 @@ class StandIn:
             message["content"] = None
             n = 8 + 4 * len(props)
             finish = "tool_calls"
-        kwargs = body.get("chat_template_kwargs") or {}
         if kwargs.get("enable_thinking"):
             message["reasoning_content"] = "Let me think. " + _words(n, 8)
             n += 10
@@ -216,7 +264,7 @@ class StandIn:
         max_new = int(sp.get("max_new_tokens") or 128)
         text, n, finish = self._completion(prompt, max_new, int(sp.get("seed") or 0))
         await self._latency(n)
-        prompt_tokens = 1 + len(prompt) // 4
+        prompt_tokens = self.count_text(prompt)
         self.counters["ok"] += 1
         self.counters["prompt_tokens"] += prompt_tokens
         self.counters["generation_tokens"] += n
@@ -256,6 +304,8 @@ class StandIn:
             f"standin_requests_while_not_ready_total {c.get('while_not_ready', 0)}",
             "# TYPE standin_health_generate_total counter",
             f"standin_health_generate_total {c.get('health_generate', 0)}",
+            "# TYPE standin_start_time_seconds gauge", f"standin_start_time_seconds {self.started:.3f}",
+            "# TYPE standin_tokenizer_info gauge", f"standin_tokenizer_info {1 if self.tokenizer else 0}",
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
@@ -268,6 +318,131 @@ class StandIn:
         app.router.add_get("/health_generate", self.health_generate)
         app.router.add_get("/metrics", self.metrics)
         return app
+
+
+class Router:
+    """sglang-router's part: forward every request to one worker, chosen by the policy."""
+
+    RETRY_ON = (aiohttp.ClientError, asyncio.TimeoutError)
+    FORWARD_HEADERS = ("Content-Type", "Retry-After")
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.a = args
+        self.workers: List[str] = [u.rstrip("/") for u in args.worker_urls]
+        self.policy = args.policy
+        self.rng = random.Random(args.seed)
+        self.next = 0
+        self.in_flight: Dict[str, int] = {w: 0 for w in self.workers}
+        self.sent: Dict[str, int] = {w: 0 for w in self.workers}
+        self.failed: Dict[str, int] = {w: 0 for w in self.workers}
+        self.counters: Dict[str, int] = {"requests": 0, "no_worker": 0}
+        self.started = time.time()
+        self.session: Optional[aiohttp.ClientSession] = None
+
+    def pick(self, exclude: Optional[set] = None) -> Optional[str]:
+        """The next worker under the policy, skipping ``exclude``; None when none is left."""
+        cands = [w for w in self.workers if not exclude or w not in exclude]
+        if not cands:
+            return None
+        if self.policy == "random":
+            return self.rng.choice(cands)
+        # round robin order; the least-loaded policies take the first of the least busy in that order
+        order = sorted(cands, key=lambda w: (self.workers.index(w) - self.next) % len(self.workers))
+        if self.policy != "round_robin":
+            least = min(self.in_flight[w] for w in order)
+            order = [w for w in order if self.in_flight[w] == least]
+        choice = order[0]
+        self.next = (self.workers.index(choice) + 1) % len(self.workers)
+        return choice
+
+    async def start(self) -> None:
+        # no total timeout: generation takes as long as it takes; connect failures retry elsewhere
+        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
+        self.session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        self.counters["requests"] += 1
+        body = await request.read()
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        tried: set = set()
+        last_error = "no workers"
+        while True:
+            worker = self.pick(tried)
+            if worker is None:
+                self.counters["no_worker"] += 1
+                return web.json_response({"object": "error", "code": 503,
+                                          "message": f"no worker answered: {last_error}"}, status=503)
+            tried.add(worker)
+            self.in_flight[worker] += 1
+            self.sent[worker] += 1
+            try:
+                assert self.session is not None
+                async with self.session.request(request.method, worker + request.rel_url.path_qs, data=body,
+                                                headers=headers) as resp:
+                    payload = await resp.read()
+                    out = {k: resp.headers[k] for k in self.FORWARD_HEADERS if k in resp.headers}
+                    return web.Response(status=resp.status, body=payload, headers=out)
+            except self.RETRY_ON as exc:
+                self.failed[worker] += 1
+                last_error = f"{worker}: {exc.__class__.__name__}: {exc}"
+            finally:
+                self.in_flight[worker] -= 1
+
+    async def _get(self, worker: str, path: str) -> tuple:
+        assert self.session is not None
+        try:
+            async with self.session.get(worker + path, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                return resp.status, await resp.read(), resp.headers.get("Content-Type", "application/json")
+        except self.RETRY_ON as exc:
+            return 0, str(exc).encode(), "text/plain"
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200)
+
+    async def health_generate(self, request: web.Request) -> web.StreamResponse:
+        answers = await asyncio.gather(*(self._get(w, "/health_generate") for w in self.workers))
+        down = [w for w, (status, _b, _t) in zip(self.workers, answers) if status != 200]
+        if down:
+            return web.Response(status=503, text=f"workers not ready: {' '.join(down)}\n")
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        for worker in self.workers:
+            status, body, ctype = await self._get(worker, "/v1/models")
+            if status == 200:
+                return web.Response(status=200, body=body, content_type=ctype.split(";")[0])
+        return web.json_response({"object": "error", "message": "no worker is ready", "code": 503}, status=503)
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        lines = ["# TYPE sgl_router_requests_total counter", f"sgl_router_requests_total {self.counters['requests']}",
+                 "# TYPE sgl_router_processed_requests_total counter"]
+        lines += [f'sgl_router_processed_requests_total{{worker="{w}"}} {self.sent[w]}' for w in self.workers]
+        lines.append("# TYPE sgl_router_worker_errors_total counter")
+        lines += [f'sgl_router_worker_errors_total{{worker="{w}"}} {self.failed[w]}' for w in self.workers]
+        lines.append("# TYPE sgl_router_running_requests gauge")
+        lines += [f'sgl_router_running_requests{{worker="{w}"}} {self.in_flight[w]}' for w in self.workers]
+        lines += ["# TYPE sgl_router_active_workers gauge", f"sgl_router_active_workers {len(self.workers)}",
+                  "# TYPE standin_no_worker_total counter", f"standin_no_worker_total {self.counters['no_worker']}",
+                  "# TYPE standin_start_time_seconds gauge", f"standin_start_time_seconds {self.started:.3f}"]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.forward)
+        app.router.add_post("/v1/completions", self.forward)
+        app.router.add_post("/generate", self.forward)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health_generate)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+
+ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -289,6 +464,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--max-natural-tokens", type=int, default=64, help="longest natural answer in tokens")
     ap.add_argument("--context-length", type=int, default=32768)
     ap.add_argument("--record-requests", help="append every chat request body to this JSONL file")
+    ap.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default=None,
+                    help="count prompt_tokens with this tokenizer's chat template (needs transformers)")
+    ap.add_argument("--worker-urls", nargs="+", default=None,
+                    help="router mode: forward every request to these workers (loopback URLs)")
+    ap.add_argument("--policy", default="round_robin", choices=ROUTER_POLICIES,
+                    help="router mode: how a worker is chosen (the least-loaded ones: cache_aware, power_of_two)")
     args, _unknown = ap.parse_known_args(argv)  # SGLang/router flags in lab mode are accepted and ignored
     if args.model is None:
         args.model = os.path.basename((args.model_path or "standin-model").rstrip("/")) or "standin-model"
@@ -299,15 +480,27 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be between 0 and 1")
     if args.fail_rate + args.drop_rate > 1.0:
         ap.error("--fail-rate plus --drop-rate must not exceed 1")
+    for url in args.worker_urls or ():
+        if not _is_loopback(urlsplit(url).hostname or "") or urlsplit(url).scheme != "http":
+            ap.error(f"--worker-urls {url}: workers must be http:// URLs on loopback (127.0.0.1)")
     return args
 
 
 async def serve(args: argparse.Namespace) -> None:
     if args.listen_delay > 0:
         await asyncio.sleep(args.listen_delay)
-    standin = StandIn(args)
-    standin.t0 = time.monotonic()
-    runner = web.AppRunner(standin.app(), access_log=None, handle_signals=False)
+    router: Optional[Router] = None
+    if args.worker_urls:
+        router = Router(args)
+        await router.start()
+        app = router.app()
+        what = f"router ({args.policy}) for {len(router.workers)} workers"
+    else:
+        standin = StandIn(args)
+        standin.t0 = time.monotonic()
+        app = standin.app()
+        what = f"{args.model!r}" + (f" (prompt tokens: {args.tokenizer})" if args.tokenizer else "")
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -320,13 +513,15 @@ async def serve(args: argparse.Namespace) -> None:
         with open(tmp, "w", encoding="ascii") as fh:
             fh.write(f"{port}\n")
         os.replace(tmp, args.port_file)
-    print(f"standin: serving {args.model!r} on http://{args.host}:{port}", file=sys.stderr, flush=True)
+    print(f"standin: serving {what} on http://{args.host}:{port}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+    if router is not None:
+        await router.close()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

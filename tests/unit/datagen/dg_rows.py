@@ -138,37 +138,16 @@ def write_config(tmp_path, sources, **top):
 
 
 def build_tiny_tokenizer(out_dir):
-    """A byte-level BPE tokenizer with a ChatML chat template (tools aware), built locally: no Hub."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer with a ChatML chat template (tools aware), built locally: no Hub.
 
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = [
-        "user assistant system tool Explain idea number in plain words. What is the weather in city?",
-        "It is degrees. def f(): return x squared Python function plan the steps rename file repository",
-        "<tools> </tools> <tool_call> </tool_call> get_weather arguments name city {\"type\": \"function\"}",
-    ] * 20
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(corpus, trainer)
-    # ChatML like Qwen's; literal newlines go through {{ }} so whitespace control cannot eat them
-    template = (
-        "{%- if tools %}{{ '<|im_start|>system\\n# Tools\\n<tools>' }}"
-        "{%- for t in tools %}{{ '\\n' + (t | tojson) }}{%- endfor %}{{ '\\n</tools><|im_end|>\\n' }}{%- endif %}"
-        "{%- for m in messages %}"
-        "{%- if m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + (m.content or '') }}"
-        "{%- for c in (m.tool_calls or []) %}{{ '\\n<tool_call>\\n' + (c.function | tojson) + '\\n</tool_call>' }}"
-        "{%- endfor %}{{ '<|im_end|>\\n' }}"
-        "{%- elif m.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
-        "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
-        "{%- endfor %}"
-        "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-    )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>")
-    fast.chat_template = template
-    fast.save_pretrained(str(out_dir))
-    return str(out_dir)
+    The builder lives in tests/lab/tokenizer/build_tokenizer.py, shared with the lab (the same
+    tokenizer is deployed into CT200 and used by the SGLang stand-in to count prompt tokens).
+    """
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lab", "tokenizer",
+                        "build_tokenizer.py")
+    spec = importlib.util.spec_from_file_location("lab_build_tokenizer", os.path.normpath(path))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build_tokenizer(str(out_dir))
