@@ -120,7 +120,10 @@ EXAMPLES = r"""
 - name: Ask the GPUs inside CT200 what they hold
   gpuops.repurpose.proxmox_ct_exec:
     vmid: 200
-    argv: [nvidia-smi, --query-gpu=index,memory.used, --format=csv,noheader,nounits]
+    argv:
+      - nvidia-smi
+      - --query-gpu=index,memory.used
+      - --format=csv,noheader,nounits
     timeout: 30
   become: true
   register: gpus
