@@ -131,9 +131,11 @@ def parse_nspid(status: dict[str, str]) -> tuple[int, ...]:
 
 # Proxmox VE (cgroup v2):   0::/lxc/200/ns/user.slice/...   monitor: /lxc.monitor/200
 # plain LXC >= 4 (v1/v2):   0::/lxc.payload.200/...          monitor: /lxc.monitor.200
+# LXC adds "-N" when a stale cgroup of the same name is still there (a container
+# restarted after its monitor was killed): 0::/lxc.payload.200-1/...
 _CT_CGROUP_RES = (
     re.compile(r"(?:^|/)lxc/(?P<vmid>\d+)(?:/|$)"),
-    re.compile(r"(?:^|/)lxc\.payload\.(?P<vmid>\d+)(?:/|$)"),
+    re.compile(r"(?:^|/)lxc\.payload\.(?P<vmid>\d+)(?:-\d+)?(?:/|$)"),
 )
 
 

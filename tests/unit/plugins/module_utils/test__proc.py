@@ -79,6 +79,8 @@ def test_parse_status_uid_nspid():
     ("0::/lxc/200/ns/user.slice/user-0.slice\n", 200),
     ("0::/lxc/200\n", 200),
     ("12:pids:/lxc.payload.201/system.slice\n0::/lxc.payload.201/system.slice\n", 201),
+    ("0::/lxc.payload.200-1/.lxc\n", 200),
+    ("0::/lxc.payload.200-x/\n", None),
     ("0::/lxc.monitor/200\n", None),
     ("0::/lxc.monitor.200\n", None),
     ("0::/user.slice/user-0.slice/session-3.scope\n", None),
