@@ -101,7 +101,10 @@ def play(*extra):
     done = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(CONVERGE), *extra],
                           capture_output=True, text=True, timeout=800, cwd=str(ROOT), env=env, check=False)
     recap = re.search(r"ct200\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", done.stdout)
-    assert done.returncode == 0 and recap, done.stdout[-4000:] + done.stderr[-2000:]
+    # the failing task's first lines, then the tail: a long loop result can push the reason out of the tail
+    fatal = [line[:400] for line in done.stdout.splitlines() if line.startswith(("fatal:", "failed:"))
+             or "UNREACHABLE!" in line][:5]
+    assert done.returncode == 0 and recap, "\n".join(fatal) + "\n" + done.stdout[-4000:] + done.stderr[-2000:]
     return done.stdout, int(recap.group(2))
 
 
@@ -121,7 +124,8 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
         if state in ("inactive", "failed") and marker:
             break
         assert state != "failed", in_ct(lab, "journalctl", "-u", "datagen-pipeline", "--no-pager", check=False).stdout
-        assert time.monotonic() < deadline, f"pipeline still {state}"
+        assert time.monotonic() < deadline, f"pipeline still {state}: " + in_ct(
+            lab, "journalctl", "-u", "datagen-pipeline", "--no-pager", "-n", "40", check=False).stdout
         time.sleep(1)
 
     rows = [json.loads(line) for line in in_ct(lab, "cat", f"{WORK}/generated.jsonl").stdout.splitlines()]

@@ -1,4 +1,7 @@
-#!/usr/bin/env python3
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
 """Build the lab's tiny tokenizer: byte-level BPE with a ChatML chat template, no Hub access.
 
 The one builder for every tiny tokenizer the project uses: the datagen unit tests

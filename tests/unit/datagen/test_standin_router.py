@@ -52,7 +52,7 @@ def routed(router, n):
 
 @pytest.fixture(scope="module")
 def workers():
-    ws = [StandinProcess(["--latency", "0.05"], model="m").start() for _ in range(3)]
+    ws = [StandinProcess(["--latency", "0.05"], model="m").start() for _n in range(3)]
     yield ws
     for w in ws:
         w.stop()
