@@ -650,10 +650,16 @@ def port_open() -> bool:
 
 def ensure_supervisor() -> dict:
     sup = load_json(SUPERVISOR_FILE)
-    if supervisor_alive(sup) and port_open():
+    # The lab host's pct and nvidia-smi are this checkout's files: a lab brought up
+    # from another checkout (an older clone, CI's fresh one) must not keep serving its code.
+    same_checkout = sup.get("checkout") == HERE
+    if supervisor_alive(sup) and port_open() and same_checkout:
         return sup
     if ref_alive(sup.get("supervisor")):
-        log("restarting the lab's sshd supervisor")
+        if same_checkout:
+            log("restarting the lab's sshd supervisor")
+        else:
+            log("the lab host serves %s's tools: restarting it from %s" % (sup.get("checkout") or "another checkout", HERE))
         stop_supervisor(sup)
     if port_open():
         raise LabError("%s:%d is taken by a process the lab did not start; free it or set GPUOPS_LAB_PORT" % (
@@ -776,7 +782,7 @@ def supervise() -> int:
         logf.close()
         return proc
 
-    info: dict = {"supervisor": proc_ref(os.getpid()), "mntns": my_ns}
+    info: dict = {"supervisor": proc_ref(os.getpid()), "mntns": my_ns, "checkout": HERE}
     sshd = driver = None
     restarts: list[float] = []
     try:
