@@ -114,20 +114,26 @@ def fingerprint_sha256(key: t.Any) -> str:
     return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
 
 
+def _flock_within(handle: t.IO[t.Any], timeout: float, interval: float = 0.05) -> bool:
+    """Take an exclusive flock within ``timeout`` seconds; False when another holder keeps it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval)
+
+
 def _append_known_host(path: str, line: str, timeout: float) -> None:
     """Append one known_hosts line under an exclusive lock (bounded wait)."""
     path = os.path.expanduser(path)
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     with open(path + ".lock", "a") as lock:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if time.monotonic() >= deadline:
-                    raise SessionError("config", "could not lock %s within lock_file_timeout=%ss" % (path, timeout)) from None
-                time.sleep(0.05)
+        if not _flock_within(lock, timeout):
+            raise SessionError("config", "could not lock %s within lock_file_timeout=%ss" % (path, timeout))
         try:
             with open(path, "a") as fh:
                 fh.write(line + "\n")
@@ -581,15 +587,9 @@ def open_master(settings: Settings, directory: str, persist: int, start_timeout:
     if client.ping():
         return client
     with open(path + ".lock", "a") as lock:
-        deadline = time.monotonic() + start_timeout
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if time.monotonic() >= deadline:
-                    raise SessionError("master", "timed out waiting for another worker starting the control master %s" % path) from None
-                time.sleep(0.02)
+        deadline = time.monotonic() + start_timeout  # one bound for the lock wait and the start
+        if not _flock_within(lock, start_timeout, interval=0.02):
+            raise SessionError("master", "timed out waiting for another worker starting the control master %s" % path)
         try:
             if client.ping():
                 return client
