@@ -74,3 +74,21 @@ def test_argument_errors(pct):
 def test_list_without_containers_prints_nothing(pct):
     res = pct("list")
     assert (res.returncode, res.stdout, res.stderr) == (0, "", "")
+
+
+def test_reboot_hang_fault_keeps_the_checks_before_it(pct, tmp_path):
+    """The lab's reboot-hang fault (README "Faults") changes only a running CT's reboot: parameters and a
+    stopped CT fail at once, as without it; a malformed --timeout is a parameter error as in pve-common."""
+    faults = tmp_path / "gpuops-lab" / "faults"
+    faults.mkdir(parents=True)
+    (faults / "reboot-hang").write_text("")
+    res = pct("reboot", "999", "--timeout", "5")
+    assert (res.returncode, res.stdout, res.stderr) == (255, "", "VM 999 not running\n")
+    res = pct("reboot", "999", "--timeout", "soon")
+    assert (res.returncode, res.stderr) == (255, (
+        "400 Parameter verification failed.\n"
+        "timeout: type check ('integer') failed - got 'soon'\n"
+        "pct reboot <vmid> [OPTIONS]\n"))
+    res = pct("reboot", "999", "--timeout", "-1")
+    assert res.returncode == 255
+    assert res.stderr.splitlines()[1] == "timeout: value must have a minimum value of 0"

@@ -71,6 +71,9 @@ PVE_CONF_DIR = os.path.join(LAB_DIR, "pve", "lxc")
 NS_DIR = os.path.join(LAB_DIR, "ns")
 HOME_DIR = os.path.join(LAB_DIR, "home")
 FAKEGPU_DIR = os.path.join(LAB_DIR, "fakegpu")
+# Fault-injection switches read by tests/lab/pct.py (README "Faults"); a test creates and deletes them.
+FAULTS_DIR = os.path.join(LAB_DIR, "faults")
+REBOOT_HANG = os.path.join(FAULTS_DIR, "reboot-hang")
 STATE_FILE = os.path.join(LAB_DIR, "state.json")
 SUPERVISOR_FILE = os.path.join(LAB_DIR, "supervisor.json")
 MARKER = os.path.join(LAB_DIR, ".gpuops-lab")
@@ -1142,6 +1145,11 @@ def status_dict() -> dict:
         "decoys": {
             "networkd_dispatcher": "systemd unit networkd-dispatcher.service in CT%s" % MAIN_CT,
             "tmux_sessions": {name: shlex.join(argv) for name, argv in DECOY_SESSIONS.items()},
+        },
+        "faults": {
+            "dir": FAULTS_DIR,
+            "reboot_hang": REBOOT_HANG,
+            "active": sorted(os.listdir(FAULTS_DIR)) if os.path.isdir(FAULTS_DIR) else [],
         },
         "fakegpu": {
             "dir": FAKEGPU_DIR,

@@ -36,6 +36,18 @@ PVE_CONF_DIR = os.path.join(LAB_DIR, "pve", "lxc")
 NODE = socket.gethostname().split(".")[0]
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"
 
+# Fault injection (lab only, off by default): while this file exists, `pct reboot`
+# of a listed VMID (one or more VMIDs in the file; an empty file means every
+# container) behaves like a reboot whose shutdown never completes, as when a
+# process in uninterruptible sleep pins the container: the container keeps
+# running, and pct fails once its own bounded waits are spent, with real pct's
+# messages (see reboot_hang). Tests create and delete it; `lab down` removes it
+# with the lab dir.
+FAULTS_DIR = os.path.join(LAB_DIR, "faults")
+REBOOT_HANG = os.path.join(FAULTS_DIR, "reboot-hang")
+# pct reboot without --timeout: lxc-stop's own default shutdown timeout.
+LXC_STOP_DEFAULT_TIMEOUT = 60
+
 # Perl's die without a trailing newline, uncaught, ends pct with 255 (exit(-1)).
 # unverified: perl uses $! as the exit status when it is non-zero at the time of
 # die, so a real host may occasionally exit with a small errno value instead.
@@ -395,10 +407,58 @@ def cmd_shutdown(params: dict, opts: dict) -> int:
     return 0
 
 
+def reboot_hang_fault(vmid: str) -> bool:
+    """Whether the lab's reboot-hang fault is switched on for vmid (see REBOOT_HANG)."""
+    try:
+        with open(REBOOT_HANG, encoding="utf-8") as handle:
+            listed = handle.read().split()
+    except FileNotFoundError:
+        return False
+    return not listed or vmid in listed
+
+
+def reboot_hang(vmid: str, timeout: int | None) -> None:
+    """The reboot-hang fault: PVE::LXC::vm_stop(vmid, 0, timeout, 1) with an lxc-stop that never returns.
+
+    Real pct runs ``lxc-stop -n VMID --timeout T`` under run_command's timeout of
+    T + 5 s; when that expires it warns ``command '...' failed: got timeout``,
+    polls the container's command socket another T + 5 s for the monitor to go
+    away, then dies ``container did not stop`` (a reboot does not start the
+    container then). Here both waits are real ``lxc-wait -s STOPPED`` calls on
+    the container, so a container stopped meanwhile (e.g. by ``pct stop``) ends
+    the reboot as real pct's POLLHUP does. Without --timeout real pct's first
+    wait is unbounded; the lab bounds it by lxc-stop's default of 60 s.
+    """
+    shutdown_timeout = (timeout if timeout is not None else LXC_STOP_DEFAULT_TIMEOUT) + 5
+    shown = ["lxc-stop", "-n", vmid] + (["--timeout", str(timeout)] if timeout is not None else [])
+    if wait_state(vmid, "STOPPED", shutdown_timeout):
+        return
+    sys.stderr.write("command '%s' failed: got timeout\n" % " ".join(shown))
+    sys.stderr.flush()
+    if wait_state(vmid, "STOPPED", shutdown_timeout):
+        return
+    raise die("container did not stop")
+
+
 def cmd_reboot(params: dict, opts: dict) -> int:
     vmid = check_vmid("reboot", params["vmid"])
-    timeout = int(opts["timeout"]) if opts.get("timeout") else None
-    stop_running(vmid, False, timeout, True, not_running="VM %s not running")  # sic: real pct says VM here
+    timeout = None
+    if "timeout" in opts:
+        # pve-common's JSONSchema check of "timeout: integer, minimum 0", before the command runs
+        if not re.match(r"^[+-]?[0-9]+$", opts["timeout"]):
+            raise ParamError(
+                "reboot", "Parameter verification failed.", {"timeout": "type check ('integer') failed - got '%s'" % opts["timeout"]}
+            )
+        timeout = int(opts["timeout"])
+        if timeout < 0:
+            raise ParamError("reboot", "Parameter verification failed.", {"timeout": "value must have a minimum value of 0"})
+    if reboot_hang_fault(vmid):
+        if not check_running(vmid):
+            raise die("VM %s not running" % vmid)
+        load_config(vmid)  # in the task worker
+        reboot_hang(vmid, timeout)
+    else:
+        stop_running(vmid, False, timeout, True, not_running="VM %s not running")  # sic: real pct says VM here
     do_start(vmid)
     return 0
 
