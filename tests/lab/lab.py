@@ -597,6 +597,9 @@ def ensure_ssh_files() -> None:
         config += "\nSetEnv GPUOPS_LAB_DIR=%s" % LAB_DIR  # tests/lab/pct finds a non-default lab dir
     config += "\n"
     write_if_changed(SSHD_CONFIG, config)
+    # sshd's privilege separation dir: Debian's init creates it at boot, a fresh
+    # machine without a booted sshd has none, and `sshd -t` already needs it.
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     run(["/usr/sbin/sshd", "-t", "-f", SSHD_CONFIG])
 
 
@@ -759,7 +762,6 @@ def supervise() -> int:
     smi = os.path.join(HERE, "fakegpu", "nvidia-smi")
     if os.path.exists(smi):
         _overlay_file("/usr/bin", "nvidia-smi", smi, "usr-bin")
-    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir (Debian creates it at boot)
 
     def on_signal(*_):
         raise _Stop()
