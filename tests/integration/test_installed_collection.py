@@ -163,6 +163,10 @@ def private_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True, capture_output=True, text=True,
     ).stdout
     assert "ct200" in json.loads(exported)["_meta"]["hostvars"]
+    # imported elsewhere, the inventory still names files that exist (no inventory_dir-relative paths)
+    assert "inventory_dir" not in exported
+    extra = json.loads(exported)["training_containers"]["vars"]["sglang_datagen_extra_files"]
+    assert extra and all(Path(item["src"]).is_file() for item in extra), extra
     (pdd / "inventory").mkdir()
     script = pdd / "inventory" / "hosts"
     script.write_text("#!/bin/sh\ncat <<'INVENTORY'\n%s\nINVENTORY\n" % exported)
