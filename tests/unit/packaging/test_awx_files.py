@@ -56,7 +56,8 @@ def synced(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=work, env=bc.installed_env(collections), capture_output=True, text=True, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "gpuops.repurpose:0.1.0 was installed successfully" in done.stdout, done.stdout
+    version = yaml.safe_load((bc.ROOT / "galaxy.yml").read_text(encoding="utf-8"))["version"]
+    assert f"gpuops.repurpose:{version} was installed successfully" in done.stdout, done.stdout
     return collections
 
 
