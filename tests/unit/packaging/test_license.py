@@ -1,3 +1,7 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
 """Licence files: every SPDX header cites a licence text that ships with the collection."""
 
 from __future__ import annotations
