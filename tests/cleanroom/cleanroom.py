@@ -161,6 +161,15 @@ def wheelhouse() -> str:
     return publish(tmp, final)
 
 
+def prune(keep: list[str]) -> None:
+    """Remove cache directories of older inputs (an earlier requirements.txt or package list)."""
+    for name in os.listdir(CACHE):
+        path = os.path.join(CACHE, name)
+        if name.startswith(("apt-", "wheels-")) and path not in keep and os.path.isdir(path):
+            log("removing the stale cache %s" % path)
+            shutil.rmtree(path)
+
+
 def lxc(tool: str, *args: str) -> list[str]:
     return [tool, "-P", LXCPATH, "-n", NAME, *args]
 
@@ -288,6 +297,7 @@ def main() -> int:
         packages = setup_packages()
         apt = apt_repo(rootfs_cache, packages)
         wheels = wheelhouse()
+        prune([apt, wheels])
         destroy()
         create(rootfs_cache, apt, wheels)
         start()
