@@ -91,3 +91,13 @@ def test_ansible_builder_create_accepts_the_execution_environment_as_is(tmp_path
     # the galaxy requirements the image installs are the project's own
     shipped = yaml.safe_load((context / "_build" / "requirements.yml").read_text(encoding="utf-8"))
     assert shipped == yaml.safe_load((bc.ROOT / "collections" / "requirements.yml").read_text(encoding="utf-8"))
+
+
+def test_inventories_use_no_paths_relative_to_their_own_directory() -> None:
+    """AWX imports an inventory's variables as data and runs jobs elsewhere: inventory_dir paths break there."""
+    offenders = [
+        str(path.relative_to(bc.ROOT))
+        for path in sorted((bc.ROOT / "inventories").rglob("*.yml"))
+        if "inventory_dir" in path.read_text(encoding="utf-8") or "../" in path.read_text(encoding="utf-8")
+    ]
+    assert not offenders, offenders
