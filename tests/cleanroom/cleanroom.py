@@ -79,6 +79,15 @@ def run(cmd: list[str], timeout: float = 600, **kw) -> subprocess.CompletedProce
     return done
 
 
+def read_bytes(*parts: str) -> bytes:
+    with open(os.path.join(*parts), "rb") as handle:
+        return handle.read()
+
+
+def read_text(*parts: str) -> str:
+    return read_bytes(*parts).decode("utf-8")
+
+
 def lab_module():
     """tests/lab/lab.py, for its rootfs cache (one place for the debootstrap spec)."""
     spec = importlib.util.spec_from_file_location("gpuops_lab", os.path.join(ROOT, "tests", "lab", "lab.py"))
@@ -90,7 +99,7 @@ def lab_module():
 
 def setup_packages() -> list[str]:
     """The apt_packages array of scripts/setup (one list, read from there)."""
-    text = open(os.path.join(ROOT, "scripts", "setup"), encoding="utf-8").read()
+    text = read_text(ROOT, "scripts", "setup")
     match = re.search(r"^apt_packages=\((.*?)\)", text, re.S | re.M)
     if not match:
         raise CleanRoomError("scripts/setup has no apt_packages=(...) list")
@@ -111,8 +120,8 @@ def publish(tmp: str, final: str) -> str:
 
 def apt_repo(rootfs: str, packages: list[str]) -> str:
     """A file apt repository with what `apt-get install PACKAGES` needs on top of the rootfs."""
-    sources = open(os.path.join(rootfs, "etc", "apt", "sources.list"), encoding="utf-8").read()
-    status = open(os.path.join(rootfs, "var", "lib", "dpkg", "status"), "rb").read()
+    sources = read_text(rootfs, "etc", "apt", "sources.list")
+    status = read_bytes(rootfs, "var", "lib", "dpkg", "status")
     final = os.path.join(CACHE, "apt-" + key_of(sources, hashlib.sha256(status).hexdigest(), *sorted(packages)))
     if os.path.exists(os.path.join(final, ".complete")):
         return final
@@ -145,7 +154,7 @@ def apt_repo(rootfs: str, packages: list[str]) -> str:
 
 def wheelhouse() -> str:
     """Wheels of requirements.txt (plus pip, setuptools, wheel), built with this checkout's venv."""
-    reqs = open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8").read()
+    reqs = read_text(ROOT, "requirements.txt")
     final = os.path.join(CACHE, "wheels-" + key_of(reqs, "cp311"))
     if os.path.exists(os.path.join(final, ".complete")):
         return final

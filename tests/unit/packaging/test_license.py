@@ -31,8 +31,10 @@ def test_galaxy_licence_has_its_text_at_the_top_and_in_licenses() -> None:
     with open(os.path.join(ROOT, "galaxy.yml"), encoding="utf-8") as handle:
         galaxy = yaml.safe_load(handle)
     assert galaxy["license"] == ["GPL-3.0-or-later"]
-    top = open(os.path.join(ROOT, "LICENSE"), encoding="utf-8").read()
-    reuse = open(os.path.join(ROOT, "LICENSES", "GPL-3.0-or-later.txt"), encoding="utf-8").read()
+    with open(os.path.join(ROOT, "LICENSE"), encoding="utf-8") as handle:
+        top = handle.read()
+    with open(os.path.join(ROOT, "LICENSES", "GPL-3.0-or-later.txt"), encoding="utf-8") as handle:
+        reuse = handle.read()
     assert "GNU GENERAL PUBLIC LICENSE" in top and "Version 3, 29 June 2007" in top
     assert top == reuse
 
