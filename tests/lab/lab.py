@@ -73,6 +73,9 @@ HOME_DIR = os.path.join(LAB_DIR, "home")
 FAKEGPU_DIR = os.path.join(LAB_DIR, "fakegpu")
 # Fault-injection switches read by tests/lab/pct.py (README "Faults"); a test creates and deletes them.
 FAULTS_DIR = os.path.join(LAB_DIR, "faults")
+# This checkout's tests/lab, at a fixed path: inventories/lab names its files through it,
+# so the inventory works wherever it is read from (an AWX import, an exported copy).
+FILES_LINK = os.path.join(LAB_DIR, "files")
 REBOOT_HANG = os.path.join(FAULTS_DIR, "reboot-hang")
 STATE_FILE = os.path.join(LAB_DIR, "state.json")
 SUPERVISOR_FILE = os.path.join(LAB_DIR, "supervisor.json")
@@ -983,6 +986,17 @@ def trainer_running(state: dict) -> bool:
 
 # ---------------------------------------------------------------- commands
 
+def ensure_files_link() -> None:
+    """FILES_LINK -> this checkout's tests/lab (replaced atomically when another checkout brings the lab up)."""
+    if os.path.islink(FILES_LINK) and os.readlink(FILES_LINK) == HERE:
+        return
+    tmp = FILES_LINK + ".new"
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    os.symlink(HERE, tmp)
+    os.replace(tmp, FILES_LINK)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     preflight()
     with Lock():
@@ -993,6 +1007,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 handle.write("gpuops lab state; 'tests/lab/lab down' removes this directory\n")
         for path in (LXCPATH, PVE_CONF_DIR, NS_DIR):
             os.makedirs(path, mode=0o755, exist_ok=True)
+        ensure_files_link()
         state = load_json(STATE_FILE)
         cache = rootfs_cache()
         ensure_fakegpu()
