@@ -592,6 +592,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--model", "--served-model-name", dest="model", default=None)
     ap.add_argument("--model-path", default=None, help="SGLang's flag; the model name when --model is not given")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fault injection")
+    ap.add_argument("--return-input-ids", action="store_true",
+                    help="SGLang's flag: every chat response carries sglext.input_ids")
+    ap.add_argument("--return-output-ids", action="store_true",
+                    help="SGLang's flag: every chat response carries sglext.output_ids")
     ap.add_argument("--latency", type=float, default=0.0, help="seconds per request")
     ap.add_argument("--token-latency", type=float, default=0.0, help="seconds per generated token")
     ap.add_argument("--fail-rate", type=float, default=0.0, help="share of requests answered 503")
@@ -605,10 +609,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--record-requests", help="append every chat request body to this JSONL file")
     ap.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default=None,
                     help="count prompt_tokens with this tokenizer's chat template (needs transformers)")
-    ap.add_argument("--return-input-ids", action="store_true",
-                    help="SGLang's flag: every chat response carries sglext.input_ids")
-    ap.add_argument("--return-output-ids", action="store_true",
-                    help="SGLang's flag: every chat response carries sglext.output_ids")
     ap.add_argument("--worker-urls", nargs="+", default=None,
                     help="router mode: forward every request to these workers (loopback URLs)")
     ap.add_argument("--policy", default="round_robin", choices=ROUTER_POLICIES,

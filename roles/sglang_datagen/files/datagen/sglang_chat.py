@@ -16,6 +16,12 @@ tests compare these functions with fixtures recorded from those classes
   a function's missing ``description``/``parameters`` as null, unknown keys dropped), none at all when
   ``tool_choice`` is ``"none"``, only the named one for a named ``tool_choice``. The local rendering
   that checks a row's prompt has to see exactly that, or every tool row would differ.
+- The route: sglang-router 0.3.2 re-serialises every chat request from its own typed struct before a
+  worker sees it (observed by running the released binary against a recording worker): a tool needs
+  ``type`` and ``parameters`` (400 without), a function's keys come out as name, description, parameters,
+  strict (others, and the tool's ``defer_loading``, dropped), a tool message loses ``name``, a tool call
+  loses ``index``. ``canonical_request`` sends what both routes deliver unchanged, so the row generate
+  writes is what the worker rendered, with or without the router.
 """
 
 from __future__ import annotations
@@ -54,6 +60,32 @@ def token_ids_from_response(data: Dict[str, Any], index: int = 0) -> Optional[Tu
     if not prompt or output is None:
         return None
     return prompt, output
+
+
+_ROUTER_FUNCTION_FIELDS = ("name", "description", "parameters", "strict")
+
+
+def _canonical_tool(tool: Dict[str, Any]) -> Dict[str, Any]:
+    fn = tool.get("function") or {}
+    out = {k: fn[k] for k in _ROUTER_FUNCTION_FIELDS if fn.get(k) is not None}
+    out.setdefault("parameters", None)  # as SGLang reads a missing one; the router refuses it missing
+    return {"type": tool.get("type") or "function", "function": {k: out[k] for k in _ROUTER_FUNCTION_FIELDS if k in out}}
+
+
+def _canonical_message(message: Dict[str, Any]) -> Dict[str, Any]:
+    out = dict(message)
+    if out.get("role") == "tool":
+        out.pop("name", None)
+    if isinstance(out.get("tool_calls"), list):
+        out["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} if isinstance(c, dict) else c
+                             for c in out["tool_calls"]]
+    return out
+
+
+def canonical_request(messages: List[Dict[str, Any]], tools: Optional[List[Dict[str, Any]]]
+                      ) -> Tuple[List[Dict[str, Any]], Optional[List[Dict[str, Any]]]]:
+    """(messages, tools) in the form that reaches a worker unchanged, straight or through sglang-router."""
+    return [_canonical_message(m) for m in messages], [_canonical_tool(t) for t in tools] if tools else tools
 
 
 def _function_dump(fn: Dict[str, Any], tool_defer: Any) -> Dict[str, Any]:

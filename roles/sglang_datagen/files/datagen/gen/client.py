@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import aiohttp
 
-from ..sglang_chat import TOKEN_ID_FLAGS, token_ids_from_response
+from ..sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
 from .journal import AppendLog, DoneIndex
 from .progress import Progress, summary_line, write_atomic
 from .settings import GenerateSettings
@@ -221,8 +221,9 @@ class Engine:
         self._tail = ',"sampling":' + self._sampling_json + ',"model":' + _dumps(self.model)
 
     def _job(self, row: Dict[str, Any]) -> _Job:
-        messages_json = _dumps(prompt_messages(row["messages"]))
-        tools = row.get("tools")
+        # what the worker will see, by either route: the output row keeps exactly that, for tokenize to render
+        messages, tools = canonical_request(prompt_messages(row["messages"]), row.get("tools"))
+        messages_json = _dumps(messages)
         tools_json = _dumps(tools) if tools else None
         parts = [self._prefix, ',"messages":', messages_json]
         if tools_json is not None:
