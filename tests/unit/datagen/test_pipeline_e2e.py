@@ -76,6 +76,8 @@ def test_pipeline_end_to_end(tmp_path, tiny_tokenizer, server):
     assert merged["mix_after"]["coding"] < merged["mix_before"]["coding"]
     rep = run_ok("report", "--config", cfg)
     assert any(f.endswith("composition.md") for f in rep["files"])
+    assert "token-exact (the server's ids) 30; prompt check: 30 checked, 0 mismatched" in \
+        open(work / "report" / "composition.md").read()
     # a second pass over every stage does nothing
     for stage in ("prepare", "tokenize", "merge", "report"):
         assert run_ok(stage, "--config", cfg)["skipped"] is True
