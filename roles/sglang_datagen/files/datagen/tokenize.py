@@ -363,10 +363,10 @@ def tokenize_rows(
             input_ids, mask = e.ids, mask_from_offsets(e.offsets, spans)
         else:
             prompt, response = ids
-            prompt_mask = check_prompt(row, e.ids, prompt, stats, prompt_check, tolerance)
-            if prompt_mask is None:
+            verdict = check_prompt(row, e.ids, prompt, stats, prompt_check, tolerance)
+            if verdict is None:
                 continue
-            if prompt_mask:  # the rendering is the server's: its offsets place the earlier turns
+            if verdict == "exact":  # the rendering is the server's: its offsets place the earlier turns
                 prompt_mask = mask_from_offsets(e.offsets, spans)
             else:
                 prompt_mask = [0] * len(prompt)
@@ -396,10 +396,10 @@ def tokenize_rows(
 
 
 def check_prompt(row: Dict[str, Any], rendered: List[int], server: List[int], stats: Dict[str, Any],
-                 prompt_check: str, tolerance: int) -> Optional[List[int]]:
+                 prompt_check: str, tolerance: int) -> Optional[str]:
     """Compare the rendered prompt's ids with the server's; count the outcome.
 
-    Returns ``[1]`` on an exact match (earlier turns may be masked), ``[]`` on a difference the row survives
+    Returns ``"exact"`` (earlier turns may be masked), ``"differs"`` for a difference the row survives
     (``warn``, or within ``tolerance``), None when the row is dropped; raises for ``fail``.
     """
     pc = stats["prompt_check"]
@@ -407,7 +407,7 @@ def check_prompt(row: Dict[str, Any], rendered: List[int], server: List[int], st
     diff = prompt_difference(rendered, server)
     if diff is None:
         pc["matched"] += 1
-        return [1]
+        return "exact"
     reason, first = diff
     pc["mismatched"] += 1
     _bump(pc["reasons"], reason)
@@ -417,7 +417,7 @@ def check_prompt(row: Dict[str, Any], rendered: List[int], server: List[int], st
         pc["examples"].append({"id": row["id"], "reason": reason, "first_difference": first,
                                "rendered": len(rendered), "server": len(server)})
     if reason == "length_differs" and length_diff <= tolerance or prompt_check == "warn":
-        return []
+        return "differs"
     if prompt_check == "fail":
         raise DatagenError(
             f"tokenize.prompt_check: row {row['id']}: the rendered prompt ({len(rendered)} tokens) differs from the "
