@@ -50,6 +50,23 @@ for url in sys.argv[1:]:
 print(json.dumps(out))
 """
 
+# inside CT200: the tokenized rows against the server's ids in generated.jsonl (token-exact rows)
+TOKEN_EXACT_PY = r"""
+import json, sys
+import pyarrow.parquet as pq
+work = sys.argv[1]
+gen = {r["id"]: r for r in map(json.loads, open(work + "/generated.jsonl"))}
+man = json.load(open(work + "/tokenized/manifest.json"))
+rows = [r for s in man["shards"] for r in pq.read_table(s, columns=["id", "input_ids", "loss_mask"]).to_pylist()]
+def exact(r):
+    p, o = gen[r["id"]]["prompt_token_ids"], gen[r["id"]]["response_token_ids"]
+    return r["input_ids"] == p + o and r["loss_mask"][len(p):] == [1] * len(o)
+print(json.dumps({"rows": len(rows), "exact": sum(map(exact, rows)),
+                  "with_ids": sum(bool(g.get("prompt_token_ids") and g.get("response_token_ids")) for g in gen.values()),
+                  "tool": sum(bool(gen[r["id"]].get("tools")) for r in rows),
+                  "agent": sum(any(m["role"] == "tool" for m in gen[r["id"]]["messages"]) for r in rows)}))
+"""
+
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 
@@ -147,6 +164,11 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     tokenized = json.loads(in_ct(lab, "cat", f"{WORK}/tokenized/manifest.json").stdout)
     check = tokenized["prompt_check"]
     assert (check["checked"], check["matched"], check["mismatched"]) == (100, 100, 0), check
+    # token-exact: every row is the server's prompt + output ids, tool and agent rows (lab-source.jsonl) too
+    exact = json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", TOKEN_EXACT_PY, WORK).stdout)
+    assert (exact["rows"], exact["exact"], exact["with_ids"]) == (100, 100, 100), exact
+    assert exact["tool"] >= 10 and exact["agent"] >= 5, exact
+    assert tokenized["token_exact"] == 100
     assert (tokenized["rows_out"], tokenized["tokenizer"]) == (100, "/srv/datagen/tokenizer")
     merged = json.loads(in_ct(lab, "cat", f"{WORK}/merged/manifest.json").stdout)
     assert merged["existing_per_category"] == {"coding": 45, "general": 13}

@@ -108,6 +108,82 @@ def load_tokenizer(path: str) -> Any:
     return tok
 
 
+
+# ---------------------------------------------------------------- SGLang's request normalisation
+# sglang 0.5.23, sglang/srt/entrypoints/openai/protocol.py (ChatCompletionMessageGenericParam, ToolCall,
+# Function, Tool: model_dump) and serving_chat.py (_process_messages, normalize_tool_content,
+# normalize_assistant_tool_call_arguments): what the chat template is given.
+
+_GENERIC_FIELDS = ("role", "content", "tool_call_id", "name", "phase", "reasoning_content", "tool_calls", "tools",
+                   "prefix")
+
+
+def sglang_tool(tool: Dict[str, Any]) -> Dict[str, Any]:
+    """Tool.model_dump(): defer_loading (null unless set) added; the function's missing description/parameters
+    as null after the keys the client sent, strict/defer_loading only when set, other keys dropped."""
+    fn = tool.get("function") or {}
+    defer = tool.get("defer_loading")
+    vals = {"description": fn.get("description"), "name": fn.get("name"), "parameters": fn.get("parameters"),
+            "strict": fn.get("strict"), "defer_loading": fn.get("defer_loading")}
+    if vals["defer_loading"] is None:
+        vals["defer_loading"] = defer
+    vals = {k: v for k, v in vals.items() if v is not None or k not in ("strict", "defer_loading")}
+    sent = [k for k in fn if k in vals]
+    function = {k: vals[k] for k in sent + [k for k in vals if k not in sent]}
+    return {"type": tool.get("type", "function"), "function": function, "defer_loading": defer}
+
+
+def sglang_message(m: Dict[str, Any]) -> Dict[str, Any]:
+    role = str(m.get("role", "")).lower()
+    if role == "user":
+        d: Dict[str, Any] = {"role": "user", "content": m.get("content")}
+    else:
+        d = {k: m.get(k) for k in _GENERIC_FIELDS}
+        d["role"] = role
+        calls = []
+        for c in d["tool_calls"] or ():
+            fn = c.get("function") or {}
+            args = fn.get("arguments")
+            if role == "assistant" and isinstance(args, str):
+                args = json.loads(args)  # a ValueError is SGLang's 400
+                if not isinstance(args, dict):
+                    raise ValueError("Assistant tool call function.arguments must be a JSON object.")
+            calls.append({"id": c.get("id"), "index": c.get("index"), "type": "function",
+                          "function": {"name": fn.get("name"), "arguments": args}})
+        d["tool_calls"] = calls if d["tool_calls"] is not None else None
+        if d["tools"] is not None:
+            d["tools"] = [sglang_tool(t) for t in d["tools"]]
+    if d["content"] is None:
+        d["content"] = ""
+    content = d["content"]
+    if role == "tool" and isinstance(content, list) and all(
+            (isinstance(p, dict) and p.get("type") == "text") or isinstance(p, str) for p in content):
+        d["content"] = " ".join(p.get("text", "") if isinstance(p, dict) else p for p in content)
+    return d
+
+
+def sglang_template_inputs(body: Dict[str, Any]) -> tuple:
+    """(messages, tools) for apply_chat_template: no tools with tool_choice none, only the named one if named."""
+    messages = [sglang_message(m) for m in body["messages"]]
+    tools = body.get("tools") or None
+    choice = body.get("tool_choice", "auto")
+    if tools and choice != "none":
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name")
+            tools = [sglang_tool(t) for t in tools if (t.get("function") or {}).get("name") == name] or None
+        else:
+            tools = [sglang_tool(t) for t in tools]
+    else:
+        tools = None
+    return messages, tools
+
+
+def fake_ids(text: str, n: int) -> List[int]:
+    """n token ids for text, without a tokenizer: deterministic, above the special range."""
+    h = zlib.crc32(text.encode("utf-8", "surrogatepass"))
+    return [1000 + (h + 7919 * i) % 30000 for i in range(n)]
+
+
 class StandIn:
     def __init__(self, args: argparse.Namespace) -> None:
         self.a = args
@@ -124,14 +200,34 @@ class StandIn:
 
     # ------------------------------------------------------------------ helpers
 
-    def count_chat_prompt(self, messages: List[Dict[str, Any]], tools: Any, kwargs: Dict[str, Any]) -> int:
-        """prompt_tokens as SGLang counts them: the rendered chat template, tokenized (or chars/4)."""
+    def chat_prompt_ids(self, messages: List[Dict[str, Any]], tools: Any, kwargs: Dict[str, Any]) -> List[int]:
+        """The prompt ids as SGLang makes them (serving_chat.py _process_messages): the chat template rendered
+        with the normalised messages/tools and add_generation_prompt, encoded without special tokens;
+        without --tokenizer, chars/4 made-up ids."""
         if self.tokenizer is None:
             n = sum(4 + len(_text_of(m.get("content"))) // 4 for m in messages)
-            return n + (len(json.dumps(tools)) // 4 if tools else 0)
+            n += len(json.dumps(tools)) // 4 if tools else 0
+            return fake_ids(json.dumps(messages), n)
         text = self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
                                                   add_generation_prompt=True, **kwargs)
-        return len(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
+        return self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+
+    def output_ids(self, raw: str, n_words: int, max_tokens: int, stop: bool) -> tuple:
+        """(ids, truncated): what the model sampled for ``raw``, the stop token last when it stopped by itself
+        (the scheduler appends every sampled id; detokenizer_manager.py trims only the text)."""
+        if self.tokenizer is None:
+            ids = fake_ids(raw, n_words)
+            eos = 2
+        else:
+            ids = self.tokenizer.backend_tokenizer.encode(raw, add_special_tokens=False).ids
+            eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            if not isinstance(eos, int) or eos == self.tokenizer.unk_token_id:
+                eos = self.tokenizer.eos_token_id
+        if stop:
+            ids = ids + [eos]
+        if len(ids) > max_tokens:
+            return ids[:max_tokens], True
+        return ids, False
 
     def count_text(self, text: str) -> int:
         if self.tokenizer is None:
@@ -196,50 +292,89 @@ class StandIn:
             return web.json_response({"object": "error", "message": f"model {model!r} not found", "code": 404},
                                      status=404)
         kwargs = body.get("chat_template_kwargs") or {}
+        if body.get("stream") and (body.get("return_prompt_token_ids") or body.get("return_token_ids")):
+            # serving_chat.py: the token id flags are refused with stream (ValueError -> 400)
+            return web.json_response({"object": "error", "code": 400, "message":
+                                      "return_token_ids is not supported with streaming"}, status=400)
         try:
-            prompt_tokens = self.count_chat_prompt(messages, body.get("tools"), kwargs)
-        except Exception as exc:  # jinja errors in the template (bad role order...): SGLang answers 400 too
+            t_messages, t_tools = sglang_template_inputs(body)
+            prompt_ids = self.chat_prompt_ids(t_messages, t_tools, kwargs)
+        except Exception as exc:  # bad tool-call arguments, jinja errors (bad role order...): SGLang's 400
             return web.json_response({"object": "error", "message": f"chat template: {exc}", "code": 400},
                                      status=400)
+        prompt_tokens = len(prompt_ids)
         if prompt_tokens > self.a.context_length:
             return web.json_response({"object": "error", "code": 400, "message":
                                       f"prompt is {prompt_tokens} tokens, longer than the context "
                                       f"{self.a.context_length}"}, status=400)
-        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 128)
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
         seed = int(body.get("seed") or 0)
         last = messages[-1]
         prompt = _text_of(last.get("content")) + "|" + str(len(messages))
-        text, n, finish = self._completion(prompt, max_tokens, seed)
-        message: Dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None,
-                                   "tool_calls": None}
-        tools = body.get("tools")
-        if tools and last.get("role") != "tool" and body.get("tool_choice", "auto") != "none":
-            fn = tools[0].get("function", {}) if isinstance(tools[0], dict) else {}
+        thinking = bool(kwargs.get("enable_thinking"))
+        # the reasoning (10 tokens) and the stop token come out of the same max_tokens budget
+        reserve = 10 if thinking else 0
+        text, n, finish = self._completion(prompt, max(1, max_tokens - reserve - 1), seed)
+        if finish == "length":  # it would not have stopped: the whole budget is answer, no stop token
+            text, n, finish = self._completion(prompt, max(1, max_tokens - reserve), seed)
+        # the raw text the model writes (Qwen/Hermes markup), then what the parsers make of it
+        message: Dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None}
+        raw = text
+        if t_tools and last.get("role") != "tool":
+            fn = t_tools[0]["function"]
             props = list((fn.get("parameters") or {}).get("properties", {}))
             args = {p: _words(zlib.crc32(p.encode(), seed), 2) for p in props}
             call_id = f"call_{zlib.crc32(prompt.encode()) & 0xFFFFFF:06x}"
             message["tool_calls"] = [{"id": call_id, "index": 0, "type": "function",
-                                      "function": {"name": fn.get("name", "tool"), "arguments": json.dumps(args)}}]
-            message["content"] = None
+                                      "function": {"name": fn.get("name") or "tool", "arguments": json.dumps(args)}}]
+            message["content"] = ""  # serving_chat.py: content=text if text else ""
+            raw = "<tool_call>\n" + json.dumps({"name": fn.get("name") or "tool", "arguments": args}) + "\n</tool_call>"
             n = 8 + 4 * len(props)
             finish = "tool_calls"
-        if kwargs.get("enable_thinking"):
+        if thinking:
             message["reasoning_content"] = "Let me think. " + _words(n, 8)
+            raw = "<think>\n" + message["reasoning_content"] + "\n</think>\n\n" + raw
             n += 10
+        out_ids, cut = self.output_ids(raw, n, max_tokens, finish != "length")
+        if cut:  # the answer ran into max_tokens: what was sampled, through the reasoning parser only
+            finish = "length"
+            sampled = self.tokenizer.decode(out_ids) if self.tokenizer is not None else raw
+            reasoning = None
+            if thinking and sampled.startswith("<think>\n"):
+                reasoning, _sep, sampled = sampled[len("<think>\n"):].partition("</think>")
+                reasoning, sampled = reasoning.strip(), sampled.lstrip("\n")
+            message = {"role": "assistant", "content": sampled, "reasoning_content": reasoning or None}
+        n = len(out_ids)
         await self._latency(n)
         self.counters["ok"] += 1
         self.counters["prompt_tokens"] += prompt_tokens
         self.counters["generation_tokens"] += n
-        resp = {
+        choice: Dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
+                                  "matched_stop": out_ids[-1] if finish != "length" else None}
+        # protocol.py ChatCompletionResponseChoice: the ids only when asked (return_token_ids implies both)
+        if body.get("return_prompt_token_ids") or body.get("return_token_ids"):
+            choice["prompt_token_ids"] = prompt_ids
+        if body.get("return_token_ids"):
+            choice["response_token_ids"] = out_ids
+        resp: Dict[str, Any] = {
             "id": f"chatcmpl-{self.counters['requests']}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
-                         "matched_stop": None}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n,
-                      "prompt_tokens_details": None},
+            "choices": [choice],
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n,
+                      "prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None},
+            "metadata": None,
         }
+        # server flags --return-input-ids/--return-output-ids (or the request's *_in_sglext): the response-level
+        # sglext, which sglang-router passes through although it drops the request flags
+        sglext: Dict[str, Any] = {}
+        if self.a.return_input_ids or body.get("return_input_ids_in_sglext"):
+            sglext["input_ids"] = prompt_ids
+        if self.a.return_output_ids or body.get("return_output_ids_in_sglext"):
+            sglext["output_ids"] = [out_ids]
+        if sglext:
+            resp["sglext"] = sglext
         if self.a.record_requests:
             with open(self.a.record_requests, "a", encoding="utf-8") as fh:
                 fh.write(json.dumps(body) + "\n")
@@ -254,8 +389,9 @@ class StandIn:
         try:
             body = json.loads(await request.read())
             prompt = body.get("text")
-            if prompt is None and "input_ids" in body:
-                prompt = " ".join(map(str, body["input_ids"]))
+            input_ids = body.get("input_ids")
+            if prompt is None and input_ids is not None:
+                prompt = " ".join(map(str, input_ids))
             if not isinstance(prompt, str):
                 raise ValueError("text (or input_ids) is required")
         except (ValueError, TypeError) as exc:
@@ -263,15 +399,18 @@ class StandIn:
         sp = body.get("sampling_params") or {}
         max_new = int(sp.get("max_new_tokens") or 128)
         text, n, finish = self._completion(prompt, max_new, int(sp.get("seed") or 0))
+        out_ids, _cut = self.output_ids(text, n, max_new, finish != "length")
+        n = len(out_ids)
         await self._latency(n)
-        prompt_tokens = self.count_text(prompt)
+        prompt_tokens = len(input_ids) if isinstance(input_ids, list) else self.count_text(prompt)
         self.counters["ok"] += 1
         self.counters["prompt_tokens"] += prompt_tokens
         self.counters["generation_tokens"] += n
         reason: Dict[str, Any] = {"type": finish}
         if finish == "length":
             reason["length"] = n
-        return web.json_response({"text": text, "meta_info": {
+        # tokenizer_manager.py: the finished request's out_dict is {text, output_ids, meta_info}
+        return web.json_response({"text": text, "output_ids": out_ids, "meta_info": {
             "id": f"gen-{self.counters['requests']}", "prompt_tokens": prompt_tokens, "completion_tokens": n,
             "cached_tokens": 0, "finish_reason": reason}})
 
@@ -453,6 +592,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--model", "--served-model-name", dest="model", default=None)
     ap.add_argument("--model-path", default=None, help="SGLang's flag; the model name when --model is not given")
     ap.add_argument("--seed", type=int, default=0, help="seed of the fault injection")
+    ap.add_argument("--return-input-ids", action="store_true",
+                    help="SGLang's flag: every chat response carries sglext.input_ids")
+    ap.add_argument("--return-output-ids", action="store_true",
+                    help="SGLang's flag: every chat response carries sglext.output_ids")
     ap.add_argument("--latency", type=float, default=0.0, help="seconds per request")
     ap.add_argument("--token-latency", type=float, default=0.0, help="seconds per generated token")
     ap.add_argument("--fail-rate", type=float, default=0.0, help="share of requests answered 503")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "roles", "sglang_datagen", "files")
 FILES = os.path.normpath(FILES)
@@ -151,3 +152,45 @@ def build_tiny_tokenizer(out_dir):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.build_tokenizer(str(out_dir))
+
+
+# ------------------------------------------------------------ generated rows, as an SGLang server makes them
+
+def server_prompt_ids(tok, messages, tools=None, tool_choice="auto", **kwargs):
+    """The prompt ids an SGLang server makes of this request (the stand-in's normalisation, checked against
+    fixtures recorded from sglang's classes in test_sglang_chat.py)."""
+    body = {"messages": messages, "tool_choice": tool_choice}
+    if tools:
+        body["tools"] = tools
+    standin_dir = os.path.normpath(os.path.join(FILES, "..", "..", "..", "tests", "lab", "sglang_standin"))
+    if standin_dir not in sys.path:
+        sys.path.insert(0, standin_dir)
+    from standin import sglang_template_inputs  # the stand-in's own reading of SGLang's normalisation
+
+    msgs, tls = sglang_template_inputs(body)
+    text = tok.apply_chat_template(msgs, tools=tls, tokenize=False, add_generation_prompt=True,
+                                   **dict({"enable_thinking": False}, **kwargs))
+    return tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def generated_row(tok, rid, messages, answer, tools=None, category="general", edit_prompt=None, tool_choice="auto",
+              **extra):
+    """A row as generate writes it: the server's prompt ids (``edit_prompt`` changes them) and the ids it
+    sampled for ``answer``, its stop token last."""
+    prompt_ids = server_prompt_ids(tok, messages, tools, tool_choice)
+    if edit_prompt is not None:
+        prompt_ids = edit_prompt(list(prompt_ids))
+    response_ids = tok.backend_tokenizer.encode(answer, add_special_tokens=False).ids + [IM_END(tok)]
+    row = {"id": rid, "source": "s", "category": category, "messages": messages + [{"role": "assistant",
+                                                                                    "content": answer}],
+           "finish_reason": "stop", "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(response_ids)},
+           "sampling": {"temperature": 0.7}, "server": "http://127.0.0.1:30000",
+           "prompt_token_ids": prompt_ids, "response_token_ids": response_ids}
+    if tools:
+        row["tools"] = tools
+    row.update(extra)
+    return row
+
+
+def IM_END(tok):  # noqa: N802
+    return tok.convert_tokens_to_ids("<|im_end|>")

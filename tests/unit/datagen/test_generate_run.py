@@ -142,6 +142,9 @@ def test_rows_carry_response_usage_sampling_server_and_explicit_thinking(tmp_pat
         assert got["server"] == server.url and got["model"] == MODEL
         assert got["usage"]["completion_tokens"] > 0 and got["usage"]["prompt_tokens"] > 0
         assert got["finish_reason"] in ("stop", "length", "tool_calls")
+        # the server's ids, as it counted them
+        assert len(got["prompt_token_ids"]) == got["usage"]["prompt_tokens"]
+        assert len(got["response_token_ids"]) == got["usage"]["completion_tokens"]
         assert (got["source"], got["category"]) == (src["source"], src["category"])
         assert got["messages"][-1]["role"] == "assistant"
         if src["category"] == "tool":  # tools passed, the model's tool call kept
@@ -160,6 +163,7 @@ def test_rows_carry_response_usage_sampling_server_and_explicit_thinking(tmp_pat
     assert len(sent) == 60
     assert all(req["chat_template_kwargs"] == {"enable_thinking": False} for req in sent)
     assert all(req["model"] == MODEL and req["max_tokens"] == 48 and req["stream"] is False for req in sent)
+    assert all(req["return_prompt_token_ids"] is True and req["return_token_ids"] is True for req in sent)
     with_tools = [req for req in sent if "tools" in req]
     assert len(with_tools) == 24 and all(req["tool_choice"] == "auto" for req in with_tools)
     assert sum(req["messages"][-1]["role"] == "tool" for req in sent) == 12
@@ -391,3 +395,76 @@ def test_through_the_package_cli_generate_and_status(tmp_path, standin):
     bad = subprocess.run(run + ["generate", "--config", write_config(tmp_path, raw)], env=env, capture_output=True,
                          text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "generate.thinking" in bad.stderr
+
+
+SGLANG = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "sglang_chat.json")))
+
+
+@pytest.fixture
+def fixed_server():
+    """A loopback server answering every chat request with one body recorded from sglang's own classes."""
+    import threading
+
+    from aiohttp import web
+
+    state = {}
+
+    def start(body):
+        import asyncio
+
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        raw = json.dumps(dict(body, model=MODEL)).encode()
+
+        async def chat(_request):
+            return web.Response(body=raw, content_type="application/json")
+
+        async def health(_request):
+            return web.Response()
+
+        async def models(_request):
+            return web.json_response({"data": [{"id": MODEL}]})
+
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/health_generate", health)
+        app.router.add_get("/v1/models", models)
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        port = site._server.sockets[0].getsockname()[1]
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        state.update(loop=loop, runner=runner, thread=thread)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    if state:
+        loop = state["loop"]
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(state["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        state["thread"].join(10)
+
+
+def test_ids_from_the_response_level_sglext_are_kept(tmp_path, fixed_server):
+    """Workers started with --return-input-ids --return-output-ids: the route through sglang-router."""
+    url = fixed_server(SGLANG["responses"]["sglext_ids"])
+    make_prompts(tmp_path / "prompts.jsonl", 3)
+    result = run_generate(settings_from_config(config(tmp_path, [url])), str(tmp_path / "prompts.jsonl"),
+                          str(tmp_path))
+    assert result["written"] == 3
+    assert all((r["prompt_token_ids"], r["response_token_ids"]) == ([11, 12, 13], [21, 7])
+               for r in output_rows(tmp_path))
+
+
+def test_a_route_without_token_ids_stops_the_run_naming_the_fix(tmp_path, fixed_server):
+    """sglang-router drops return_token_ids: every answer would lack the ids, so nothing is written."""
+    url = fixed_server(SGLANG["responses"]["no_ids"])
+    make_prompts(tmp_path / "prompts.jsonl", 20)
+    with pytest.raises(GenerateError, match="without token ids.*--return-input-ids --return-output-ids"):
+        run_generate(settings_from_config(config(tmp_path, [url])), str(tmp_path / "prompts.jsonl"), str(tmp_path))
+    assert output_rows(tmp_path) == []
+    assert not os.path.exists(tmp_path / "generate.errors.jsonl") or \
+        os.path.getsize(tmp_path / "generate.errors.jsonl") == 0  # not the rows' fault: tried again next run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -106,10 +107,24 @@ def _body(message, finish="stop", usage=None):
 
 def test_parse_response_keeps_tool_calls_and_reasoning():
     calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    msg, finish, usage = parse_response(_body({"role": "assistant", "content": None, "tool_calls": calls,
-                                               "reasoning_content": "hmm"}, "tool_calls"))
+    msg, finish, usage, ids = parse_response(_body({"role": "assistant", "content": None, "tool_calls": calls,
+                                                    "reasoning_content": "hmm"}, "tool_calls"))
     assert msg == {"role": "assistant", "content": None, "tool_calls": calls, "reasoning_content": "hmm"}
     assert finish == "tool_calls" and usage["completion_tokens"] == 2
+    assert ids is None  # no ids in this body: the engine stops the run (see test_generate_run)
+
+
+SGLANG = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "sglang_chat.json")))
+
+
+@pytest.mark.parametrize("name,want", [("choice_ids", ([11, 12, 13], [21, 22])),
+                                       ("sglext_ids", ([11, 12, 13], [21, 7])), ("no_ids", None)])
+def test_parse_response_reads_the_token_ids_where_sglang_puts_them(name, want):
+    """Bodies serialised by sglang 0.5.23's own ChatCompletionResponse (fixtures/record_sglang_chat.py)."""
+    msg, finish, _usage, ids = parse_response(json.dumps(SGLANG["responses"][name]).encode())
+    assert ids == want
+    if name == "choice_ids":  # a tool call answer: content "" and the arguments still a JSON string
+        assert msg["tool_calls"][0]["function"]["arguments"] == '{"city": "C5"}' and finish == "tool_calls"
 
 
 @pytest.mark.parametrize("raw", [b'{"id":"x","choices":[{"index":0,', b"<html>bad gateway</html>", b'{"choices": []}',

@@ -38,10 +38,9 @@ def setup(tmp_path, tiny_tokenizer, existing=None, n_new=(10, 30), **top):
     with open(os.path.join(cfg.work_dir, "generated.jsonl"), "w") as fh:
         for cat, n in zip(("math", "general"), n_new):
             for i in range(n):
-                fh.write(json.dumps({"id": f"{cat}{i}", "source": "s", "category": cat, "messages": [
-                    {"role": "user", "content": f"Explain idea number {i} of {cat}."},
-                    {"role": "assistant", "content": "It is simple and it is degrees." * (1 + i % 3)}],
-                    "finish_reason": "stop"}) + "\n")
+                fh.write(json.dumps(fx.generated_row(
+                    tok, f"{cat}{i}", [{"role": "user", "content": f"Explain idea number {i} of {cat}."}],
+                    "It is simple and it is degrees." * (1 + i % 3), category=cat)) + "\n")
     run_tokenize(cfg)
     return cfg, tok
 

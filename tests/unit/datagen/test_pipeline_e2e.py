@@ -1,6 +1,6 @@
 """The whole pipeline through the CLI, as the role runs it: prepare -> generate (real stand-in server on
-loopback) -> status -> tokenize -> merge -> report. Every prepared id comes out exactly once; tool and
-agent rows survive every stage."""
+loopback, with the tokenizer) -> status -> tokenize -> merge -> report. Every prepared id comes out exactly
+once; tool and agent rows survive every stage; every tokenized row is exactly the server's ids."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from harness import StandinProcess  # noqa: E402
 
 
 @pytest.fixture
-def server():
-    s = StandinProcess([], model="target-model").start()
+def server(tiny_tokenizer):
+    s = StandinProcess(["--tokenizer", tiny_tokenizer], model="target-model").start()
     yield s
     s.stop()
 
@@ -38,8 +38,8 @@ def test_pipeline_end_to_end(tmp_path, tiny_tokenizer, server):
                       {"role": "assistant", "content": "def f(): return x"}]}
         for i in range(40)])
     cfg = fx.write_config(tmp_path, fx.six_sources(tmp_path, 8), servers=[server.url], tokenizer=tiny_tokenizer,
-                          existing_dataset={"path": existing}, target_total=30, max_length=512,
-                          generate={"concurrency": 4})
+                          existing_dataset={"path": existing}, target_total=30, max_length=4096,
+                          generate={"concurrency": 4}, tokenize={"prompt_check": "drop"})
     prep = run_ok("prepare", "--config", cfg)
     assert prep["written"] == 30
     work = tmp_path / "work"
@@ -53,13 +53,22 @@ def test_pipeline_end_to_end(tmp_path, tiny_tokenizer, server):
 
     tok = run_ok("tokenize", "--config", cfg)
     man = json.load(open(work / "tokenized" / "manifest.json"))
-    # the stand-in counts prompt tokens as chars/4: every reported count is checked (and here differs)
-    assert man["prompt_check"]["checked"] == 30
+    # the local rendering (SGLang's tool normalisation included) gives the server's prompt ids on every row:
+    # with prompt_check drop, not one row (tool and agent rows included) is left out
+    assert man["prompt_check"]["checked"] == man["prompt_check"]["matched"] == 30
+    assert man["skipped"] == {} and man["token_exact"] == 30 and man["truncated"] == 0
     rows = [r for s in man["shards"] for r in pq.read_table(s).to_pylist()]
-    assert tok["rows_out"] == len(rows) == 30 - sum(man["skipped"].values())
-    assert len({r["id"] for r in rows}) == len(rows) and {r["id"] for r in rows} <= set(ids)
-    cats = {r["category"] for r in rows}
-    assert {"tool_use", "agent"} <= cats
+    assert tok["rows_out"] == len(rows) == 30
+    assert sorted(r["id"] for r in rows) == sorted(ids)
+    generated = {g["id"]: g for g in map(json.loads, open(work / "generated.jsonl"))}
+    for r in rows:  # 100% of rows: the training ids are the server's, the generated ones all supervised
+        g = generated[r["id"]]
+        assert r["input_ids"] == g["prompt_token_ids"] + g["response_token_ids"], r["id"]
+        assert r["loss_mask"][len(g["prompt_token_ids"]):] == [1] * len(g["response_token_ids"]), r["id"]
+    cats = [r["category"] for r in rows]
+    assert cats.count("tool_use") >= 2 and cats.count("agent") >= 2
+    # the tool rows' tools and earlier tool calls reached the server's prompt (and so the training row)
+    assert all(generated[r["id"]].get("tools") for r in rows if r["category"] == "tool_use")
     assert all(sum(r["loss_mask"]) >= 2 for r in rows)
 
     merged = run_ok("merge", "--config", cfg)
@@ -67,6 +76,8 @@ def test_pipeline_end_to_end(tmp_path, tiny_tokenizer, server):
     assert merged["mix_after"]["coding"] < merged["mix_before"]["coding"]
     rep = run_ok("report", "--config", cfg)
     assert any(f.endswith("composition.md") for f in rep["files"])
+    assert "token-exact (the server's ids) 30; prompt check: 30 checked, 0 mismatched" in \
+        open(work / "report" / "composition.md").read()
     # a second pass over every stage does nothing
     for stage in ("prepare", "tokenize", "merge", "report"):
         assert run_ok(stage, "--config", cfg)["skipped"] is True

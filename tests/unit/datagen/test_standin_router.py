@@ -110,12 +110,40 @@ def test_prompt_tokens_are_the_tokenizers_count_of_the_rendered_template(tiny_to
                     {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "18 degrees"}]
     kwargs = {"enable_thinking": False}
-    text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True, **kwargs)
-    want = len(tok.backend_tokenizer.encode(text, add_special_tokens=False).ids)
+    # what sglang 0.5.23 hands the template (serving_chat.py): the messages' model_dump() with the tool-call
+    # arguments parsed, content None as "", and Tool.model_dump() (defer_loading: null)
+    none = {"tool_call_id": None, "name": None, "phase": None, "reasoning_content": None, "tool_calls": None,
+            "tools": None, "prefix": None}
+    sg_messages = [dict(none, role="system", content="You are terse."), messages[1],
+                   dict(none, role="assistant", content="", tool_calls=[
+                       {"id": "c1", "index": None, "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]),
+                   dict(none, role="tool", content="18 degrees", tool_call_id="c1")]
+    sg_tools = [{"type": "function", "function": TOOLS[0]["function"], "defer_loading": None}]
+    text = tok.apply_chat_template(sg_messages, tools=sg_tools, tokenize=False, add_generation_prompt=True, **kwargs)
+    ids = tok.backend_tokenizer.encode(text, add_special_tokens=False).ids
+    want = len(ids)
+    naive = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True, **kwargs)
+    assert naive != text  # the normalisation shows in this template: a plain re-render would not match
     with StandinProcess(["--tokenizer", tiny_tokenizer], model="m") as s:
         got = post(s.url + "/v1/chat/completions", {"model": "m", "messages": messages, "tools": TOOLS,
-                                                    "chat_template_kwargs": kwargs, "max_tokens": 16})[1]
+                                                    "chat_template_kwargs": kwargs, "max_tokens": 200,
+                                                    "return_token_ids": True})[1]
         assert got["usage"]["prompt_tokens"] == want
+        choice = got["choices"][0]
+        assert choice["prompt_token_ids"] == ids
+        # the answer's ids are the raw Hermes markup the parser turned into tool_calls, and the stop token
+        out = choice["response_token_ids"]
+        assert len(out) == got["usage"]["completion_tokens"] and out[-1] == tok.convert_tokens_to_ids("<|im_end|>")
+        assert tok.decode(out) == choice["message"]["content"] + "<|im_end|>"  # the final answer after the tool
+        # before the tool result: a tool call, whose ids are the raw Hermes markup the parser turned into tool_calls
+        choice = post(s.url + "/v1/chat/completions", {"model": "m", "messages": messages[:2], "tools": TOOLS,
+                                                       "max_tokens": 200, "return_token_ids": True})[1]["choices"][0]
+        call = choice["message"]["tool_calls"][0]["function"]
+        assert tok.decode(choice["response_token_ids"]) == (
+            "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": json.loads(call["arguments"])})
+            + "\n</tool_call><|im_end|>")
+        assert choice["message"]["content"] == "" and choice["finish_reason"] == "tool_calls"
         assert s.metrics()["standin_tokenizer_info"] == 1
     with StandinProcess([], model="m") as s:  # without: the chars/4 estimate, which differs here
         plain = post(s.url + "/v1/chat/completions", {"model": "m", "messages": messages, "tools": TOOLS,

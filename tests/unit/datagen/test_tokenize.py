@@ -1,4 +1,5 @@
-"""tokenize with a tiny local tokenizer + ChatML template: exact loss masks, truncation, prompt check, shards."""
+"""tokenize with a tiny local tokenizer + ChatML template: token-exact rows, exact loss masks, truncation,
+prompt check, shards."""
 
 from __future__ import annotations
 
@@ -14,23 +15,11 @@ from datagen.sources import adapt
 from datagen.tokenize import load_tokenizer, mask_from_offsets, run_tokenize
 from datagen.util import DatagenError
 
-
-def generated(tok, rid, messages, answer, tools=None, category="general", server_delta=0, **extra):
-    """A row as generate writes it, with the server's prompt token count (optionally off by server_delta)."""
-    prompt = tok.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True,
-                                     enable_thinking=False)
-    n = len(tok(prompt, add_special_tokens=False)["input_ids"])
-    row = {"id": rid, "source": "s", "category": category, "messages": messages + [{"role": "assistant",
-                                                                                    "content": answer}],
-           "finish_reason": "stop", "usage": {"prompt_tokens": n + server_delta, "completion_tokens": 5},
-           "sampling": {"temperature": 0.7}, "server": "http://127.0.0.1:30000"}
-    if tools:
-        row["tools"] = tools
-    row.update(extra)
-    return row
+generated = fx.generated_row
 
 
 def make(tmp_path, tiny_tokenizer, rows, torn=None, **top):
+    top.setdefault("max_length", 1024)  # the tool conversations are longer than the default 256
     cfg_path = fx.write_config(tmp_path, fx.six_sources(tmp_path, 1), tokenizer=tiny_tokenizer, **top)
     cfg = load_config(cfg_path, check_inputs=False)
     os.makedirs(cfg.work_dir, exist_ok=True)
@@ -71,17 +60,21 @@ def test_loss_mask_covers_exactly_the_assistant_tokens(tmp_path, tiny_tokenizer)
     cfg = make(tmp_path, tiny_tokenizer, rows)
     res = run_tokenize(cfg)
     assert res["rows_out"] == 2 and res["prompt_check"] == {"checked": 2, "matched": 2, "mismatched": 0}
+    assert res["token_exact"] == 2
     man, out = shard_rows(res["dir"])
     by_id = {r["id"]: r for r in out}
-    assert supervised_text(tok, by_id["a"]) == "Idea 1 is simple.<|im_end|>\n"
-    # both assistant turns of the tool conversation: the source's tool call and the generated answer
-    call = '\n<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"C4\\"}"}\n</tool_call><|im_end|>\n'
-    assert supervised_text(tok, by_id["t"]) == call + "It is 4 degrees.<|im_end|>\n"
-    # and nothing else: the unsupervised tokens decode to the rendered text minus those spans
-    full = tok.apply_chat_template(rows[1]["messages"], tools=tools, tokenize=False, enable_thinking=False)
+    for row in rows:  # the training row is exactly the ids the server consumed and produced
+        assert by_id[row["id"]]["input_ids"] == row["prompt_token_ids"] + row["response_token_ids"]
+        assert by_id[row["id"]]["loss_mask"][len(row["prompt_token_ids"]):] == [1] * len(row["response_token_ids"])
+    assert supervised_text(tok, by_id["a"]) == "Idea 1 is simple.<|im_end|>"
+    # both assistant turns of the tool conversation: the source's tool call, as SGLang renders it (the
+    # arguments as an object), and the generated answer
+    call = '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "C4"}}\n</tool_call><|im_end|>\n'
+    assert supervised_text(tok, by_id["t"]) == call + "It is 4 degrees.<|im_end|>"
+    # and nothing else: the unsupervised tokens decode to the server's prompt minus the earlier call
     rest = tok.decode([t for t, m in zip(by_id["t"]["input_ids"], by_id["t"]["loss_mask"]) if not m])
-    assert rest == full.replace(call, "", 1).replace("It is 4 degrees.<|im_end|>\n", "", 1)
-    assert "<tools>" in rest and "get_weather" in rest  # tools reached the template
+    assert rest == tok.decode(rows[1]["prompt_token_ids"]).replace(call, "", 1)
+    assert "<tools>" in rest and '"defer_loading": null' in rest  # tools reached the template in SGLang's form
     r = by_id["t"]
     assert r["num_tokens"] == len(r["input_ids"]) and r["num_supervised"] == sum(r["loss_mask"])
 
@@ -92,7 +85,38 @@ def test_supervise_last_only(tmp_path, tiny_tokenizer):
     cfg = make(tmp_path, tiny_tokenizer, [generated(tok, "t", msgs, "It is 4 degrees.", tools=tools)],
                tokenize={"supervise": "last"})
     _man, out = shard_rows(run_tokenize(cfg)["dir"])
-    assert supervised_text(tok, out[0]) == "It is 4 degrees.<|im_end|>\n"
+    assert supervised_text(tok, out[0]) == "It is 4 degrees.<|im_end|>"
+
+
+def test_tool_rows_render_as_sglang_does_so_none_is_dropped(tmp_path, tiny_tokenizer):
+    """A plain re-render (tools as sent, arguments as strings) would differ from the server's prompt on every
+    tool row; SGLang's normalisation here makes each one match, with tool_choice none (no tools) too."""
+    tok = load_tokenizer(tiny_tokenizer)
+    msgs, tools = hermes_prompt()
+    bare = [{"type": "function", "function": {"name": "ping"}}]
+    plain = tok.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True,
+                                    enable_thinking=False)
+    rows = [generated(tok, "t", msgs, "It is 4 degrees.", tools=tools),
+            generated(tok, "bare", [{"role": "user", "content": "ping it"}], "Pinged.", tools=bare)]
+    assert tok.backend_tokenizer.encode(plain, add_special_tokens=False).ids != rows[0]["prompt_token_ids"]
+    cfg = make(tmp_path, tiny_tokenizer, rows, tokenize={"prompt_check": "drop"})
+    res = run_tokenize(cfg)
+    assert res["rows_out"] == 2 and res["prompt_check"]["mismatched"] == 0 and res["skipped_rows"] == {}
+    none_rows = [generated(tok, "n", msgs, "It is 4 degrees.", tools=tools, tool_choice="none")]
+    cfg = make(tmp_path, tiny_tokenizer, none_rows, tokenize={"prompt_check": "fail"},
+               generate={"tool_choice": "none"})
+    man, out = shard_rows(run_tokenize(cfg, force=True)["dir"])
+    assert man["prompt_check"]["matched"] == 1 and "<tools>" not in tok.decode(out[0]["input_ids"])
+
+
+def test_generated_rows_without_server_ids_are_counted_not_rendered(tmp_path, tiny_tokenizer):
+    tok = load_tokenizer(tiny_tokenizer)
+    old = generated(tok, "old", [{"role": "user", "content": "hi"}], "Idea is simple.")
+    del old["prompt_token_ids"], old["response_token_ids"]
+    cut = generated(tok, "bad", [{"role": "user", "content": "hi"}], "Idea is simple.", response_token_ids="x")
+    cfg = make(tmp_path, tiny_tokenizer, [old, cut, generated(tok, "ok", [{"role": "user", "content": "hi"}], "Fine.")])
+    res = run_tokenize(cfg)
+    assert res["rows_out"] == 1 and res["skipped_rows"] == {"no_server_token_ids": 2}
 
 
 def test_truncation_and_rows_without_a_supervised_pair(tmp_path, tiny_tokenizer):
@@ -111,24 +135,44 @@ def test_truncation_and_rows_without_a_supervised_pair(tmp_path, tiny_tokenizer)
     assert all(len(r["input_ids"]) <= 40 for r in out)
 
 
-def test_prompt_check_warn_drop_fail(tmp_path, tiny_tokenizer):
+def test_prompt_check_counts_by_reason_and_never_remasks(tmp_path, tiny_tokenizer):
     tok = load_tokenizer(tiny_tokenizer)
+    msgs, tools = hermes_prompt()
     user = [{"role": "user", "content": "Explain idea number 2 in plain words."}]
+
+    def swap_one(ids):
+        ids[3] = ids[3] + 1
+        return ids
+
     rows = [generated(tok, "ok", user, "Fine answer here."),
-            generated(tok, "off", user[:], "Another fine answer.", server_delta=3)]
+            generated(tok, "longer", user[:], "Another fine answer.", edit_prompt=lambda ids: ids + [5, 5, 5]),
+            generated(tok, "swapped", msgs, "It is 4 degrees.", tools=tools, edit_prompt=swap_one)]
     cfg = make(tmp_path, tiny_tokenizer, rows)
     res = run_tokenize(cfg)
-    assert res["rows_out"] == 2 and res["prompt_check"]["mismatched"] == 1
-    man, _rows = shard_rows(res["dir"])
-    assert man["prompt_check"]["examples"][0]["id"] == "off" and man["prompt_check"]["max_abs_diff"] == 3
+    assert res["rows_out"] == 3 and res["prompt_check"] == {"checked": 3, "matched": 1, "mismatched": 2}
+    man, out = shard_rows(res["dir"])
+    pc = man["prompt_check"]
+    assert pc["reasons"] == {"length_differs": 1, "ids_differ": 1} and pc["max_abs_diff"] == 3
+    assert {e["id"]: (e["reason"], e["first_difference"]) for e in pc["examples"]} == {
+        "longer": ("length_differs", len(rows[1]["prompt_token_ids"]) - 3), "swapped": ("ids_differ", 3)}
+    by_id = {r["id"]: r for r in out}
+    for row in rows[1:]:  # kept (warn) with the server's ids, only the generated ids supervised
+        got = by_id[row["id"]]
+        assert got["input_ids"] == row["prompt_token_ids"] + row["response_token_ids"]
+        assert got["loss_mask"] == [0] * len(row["prompt_token_ids"]) + [1] * len(row["response_token_ids"])
+    assert man["earlier_turns_unsupervised"] == 1  # the swapped row's earlier tool call
     cfg.tokenize.prompt_check = "drop"
     res = run_tokenize(cfg, force=True)
-    assert res["rows_out"] == 1 and res["skipped_rows"] == {"prompt_token_mismatch": 1}
-    cfg.tokenize.prompt_check = "fail"
-    with pytest.raises(DatagenError, match="tokenize.prompt_check: row off"):
+    assert res["rows_out"] == 1 and res["skipped_rows"] == {"prompt_token_mismatch": 2}
+    cfg.tokenize.prompt_check_tolerance = 3  # a length difference within it gets through drop, still counted
+    res = run_tokenize(cfg, force=True)
+    assert res["rows_out"] == 2 and res["skipped_rows"] == {"prompt_token_mismatch": 1}
+    assert res["prompt_check"]["mismatched"] == 2
+    cfg.tokenize.prompt_check, cfg.tokenize.prompt_check_tolerance = "fail", 0
+    with pytest.raises(DatagenError, match="tokenize.prompt_check: row longer: .* from position"):
         run_tokenize(cfg, force=True)
     # a failed run leaves the previous shards in place
-    assert shard_rows(res["dir"])[0]["rows_out"] == 1
+    assert shard_rows(res["dir"])[0]["rows_out"] == 2
 
 
 def test_bad_rows_torn_tail_duplicates_and_shards(tmp_path, tiny_tokenizer):
@@ -191,7 +235,7 @@ def test_history_rendered_differently_leaves_earlier_turns_unsupervised(tmp_path
     res = run_tokenize(cfg)
     man, out = shard_rows(res["dir"])
     assert res["rows_out"] == 1 and man["earlier_turns_unsupervised"] == 1
-    assert supervised_text(tok, out[0]) == "It is simple.<|im_end|>\n"
+    assert supervised_text(tok, out[0]) == "It is simple.<|im_end|>"
     assert man["prompt_check"]["matched"] == 1  # the generation prompt carries the think block, as the server's
 
 

@@ -37,10 +37,11 @@ side (``datagen/generate.py``), fixed here:
   of source name and canonical prompt.
 - Generated rows (generated.jsonl): the prompt row with the generated assistant message appended to
   ``messages``, plus ``finish_reason``, ``usage`` {prompt_tokens, completion_tokens}, ``sampling``,
-  ``server`` (and ``model``).
-- Tokenized rows: ``id, source, category, input_ids, loss_mask, num_tokens, num_supervised``.
+  ``server`` (and ``model``), and the server's ``prompt_token_ids`` and ``response_token_ids``.
+- Tokenized rows: ``id, source, category, input_ids, loss_mask, num_tokens, num_supervised``; a
+  generated row's ``input_ids`` are its ``prompt_token_ids + response_token_ids``.
 """
 
 from __future__ import annotations
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"  # 1.1: token-exact rows (tokenize output differs)

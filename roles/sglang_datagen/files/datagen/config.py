@@ -60,7 +60,7 @@ class TokenizeOptions:
     shard_rows: int = 50000
     batch_size: int = 256
     supervise: str = "all"  # all assistant turns, or only the last (the generated one)
-    prompt_check: str = "warn"  # warn | drop | fail when rendered prompt != server's prompt_tokens
+    prompt_check: str = "warn"  # warn | drop | fail when the rendered prompt's ids != the server's prompt_token_ids
     prompt_check_tolerance: int = 0
 
 

@@ -166,8 +166,10 @@ def run_report(cfg: Any, force: bool = False) -> Dict[str, Any]:
         pc = tok["prompt_check"]
         md += ["## tokenize", "", f"rows in {tok['rows_in']:,}, out {tok['rows_out']:,}, truncated "
                f"{tok['truncated']:,}, tokens {tok['tokens']:,} (supervised {tok['supervised_tokens']:,}); "
+               f"token-exact (the server's ids) {tok.get('token_exact', 0):,}; "
                f"prompt check: {pc['checked']:,} checked, {pc['mismatched']:,} mismatched", "",
                _counts_block("left out (by reason)", tok["skipped"]),
+               _counts_block("prompt check mismatches (by reason)", pc.get("reasons") or {}),
                _counts_block("finish_reason", tok["finish_reason"])]
     if mrg:
         md += ["## merge", "", f"rows {mrg['rows']:,}; downsampling {'on' if mrg['allow_downsample'] else 'off'}", "",

@@ -1,21 +1,33 @@
 """tokenize: generated conversations -> ``input_ids`` + ``loss_mask`` Parquet shards.
 
-The target model's own tokenizer and chat template render each conversation (tools passed
-to the template, ``chat_template_kwargs`` and ``enable_thinking`` exactly as ``generate`` sent
-them). Assistant spans are found by rendering prefixes: the text of ``messages[:i]`` with the
-generation prompt ends where assistant turn ``i`` starts, and the text of ``messages[:i+1]``
-ends where it stops (its end-of-turn token included, so the drafter learns to stop). Both
-must be prefixes of the full rendering: an earlier turn that a template renders differently
-once it is history (Qwen3 drops empty think blocks) stays unsupervised and the row is counted
-under ``earlier_turns_unsupervised``; if the last (generated) turn fails the check the row is
-counted as ``template_not_prefix_stable`` and left out rather than masked wrongly. A token is
-supervised when its first character lies in an assistant span.
+Token-exact: a generated row carries the ids the server consumed and produced
+(``prompt_token_ids``, ``response_token_ids``, see ``datagen.sglang_chat``), and its ``input_ids`` are
+exactly those, prompt then response; the generated ids are supervised, all of them (the stop token the
+model sampled included, so the drafter learns to stop), and nothing is re-rendered or re-tokenized for
+them. A generated row without server ids is left out (``no_server_token_ids``).
 
-Rows whose mask has no two consecutive supervised tokens after truncation to ``max_length``
-teach a drafter nothing (it predicts token t+1 from t) and are counted and left out. Where the
-server reported ``usage.prompt_tokens``, the token count of the rendered prompt must equal it
-(``tokenize.prompt_check``: warn, drop, or fail), which proves the tokenizer and template here
-are the ones the server used.
+The prompt is still rendered here, with the target model's tokenizer and chat template and the inputs
+SGLang gives its template (tools as ``Tool.model_dump()``, tool-call arguments as objects, no tools with
+``tool_choice: none``: ``sglang_chat.template_inputs``), for two things:
+
+- the prompt check: the rendered prompt's ids must equal the server's ``prompt_token_ids``, which proves
+  the tokenizer and template here are the server's. A row that differs is counted by reason
+  (``prompt_check.reasons``: ``length_differs``, ``ids_differ``) and ``tokenize.prompt_check`` decides:
+  ``warn`` keeps it with only its generated ids supervised, ``drop`` leaves it out, ``fail`` stops.
+  ``prompt_check_tolerance`` lets a length difference of that many tokens through ``drop``/``fail`` (still
+  counted); earlier turns are masked only on an exact match.
+- ``supervise: all``: earlier assistant turns are supervised too, found by rendering prefixes (the text
+  of ``messages[:i]`` with the generation prompt ends where assistant turn ``i`` starts, the text of
+  ``messages[:i+1]`` ends where it stops). Both must be prefixes of the rendered prompt; a turn that a
+  template renders differently once it is history (Qwen3 drops empty think blocks) stays unsupervised
+  and the row is counted under ``earlier_turns_unsupervised``. A token is supervised when its first
+  character lies in such a span, and only when the rendered prompt's ids are the server's.
+
+Rows without server ids (an existing dataset's rows, tokenized by ``merge``) are rendered whole the same
+way, the last assistant turn by the prefix rule too (``template_not_prefix_stable`` when it fails).
+
+Rows whose mask has no two consecutive supervised tokens after truncation to ``max_length`` teach a
+drafter nothing (it predicts token t+1 from t) and are counted and left out.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from datagen import __version__, paths
+from datagen.sglang_chat import template_inputs
 from datagen.util import (
     DatagenError,
     file_stamp,
@@ -76,12 +89,30 @@ def template_kwargs(raw: Dict[str, Any]) -> Dict[str, Any]:
     return kwargs
 
 
+def tool_choice(raw: Dict[str, Any]) -> Any:
+    """The tool_choice generate sends (the server renders no tools with ``none``)."""
+    return (raw.get("generate") or {}).get("tool_choice", "auto")
+
+
+Spans = List[Tuple[int, int]]
+
+
 class Renderer:
-    def __init__(self, tokenizer: Any, kwargs: Dict[str, Any]) -> None:
+    """The chat template as the server applies it: SGLang's template inputs, the generate kwargs."""
+
+    def __init__(self, tokenizer: Any, kwargs: Dict[str, Any], choice: Any = "auto") -> None:
         self.tok = tokenizer
         self.kwargs = kwargs
+        self.tool_choice = choice
+
+    def inputs(self, messages: List[Dict[str, Any]], tools: Any) -> Tuple[List[Dict[str, Any]], Any]:
+        try:
+            return template_inputs(messages, tools or None, self.tool_choice)
+        except ValueError as exc:  # SGLang answers 400 to such a conversation: it was never served
+            raise Skip("bad_tool_call_arguments") from exc
 
     def render(self, messages: List[Dict[str, Any]], tools: Any, gen_prompt: bool) -> str:
+        """Render messages/tools already in SGLang's form (see ``inputs``)."""
         try:
             return self.tok.apply_chat_template(
                 messages, tools=tools or None, tokenize=False, add_generation_prompt=gen_prompt, **self.kwargs,
@@ -89,32 +120,66 @@ class Renderer:
         except Exception as exc:  # jinja raise_exception() in templates: unsupported role order etc.
             raise Skip("template_error") from exc
 
-    def spans(self, messages: List[Dict[str, Any]], tools: Any, supervise: str) -> Tuple[str, List[Tuple[int, int]], str, int]:
-        """Full text, assistant character spans, the prompt text of the last assistant turn, unstable turns.
-
-        Some templates render a turn differently once it is no longer the last (Qwen3 drops the
-        empty think block of earlier turns): such an earlier turn is left unsupervised and counted;
-        when the last (generated) turn itself is unstable the row cannot be masked and is skipped.
-        """
-        full = self.render(messages, tools, False)
-        idx = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
-        if supervise == "last":
-            idx = idx[-1:]
-        spans: List[Tuple[int, int]] = []
-        prompt = ""
+    def _turn_spans(self, messages: List[Dict[str, Any]], tools: Any, full: str, turns: List[int],
+                    full_is_last: bool) -> Tuple[Spans, int]:
+        """Character spans of assistant ``turns`` inside ``full`` and the number of turns whose rendering as
+        history is not a prefix of ``full`` (left out)."""
+        spans: Spans = []
         unstable = 0
         last = len(messages) - 1
-        for i in idx:
+        for i in turns:
             before = self.render(messages[:i], tools, True) if i else ""
-            upto = full if i == last else self.render(messages[: i + 1], tools, False)
+            upto = full if (full_is_last and i == last) else self.render(messages[: i + 1], tools, False)
             if not (full.startswith(before) and full.startswith(upto)) or len(upto) < len(before):
-                if i == last:
+                if full_is_last and i == last:
                     raise Skip("template_not_prefix_stable")
                 unstable += 1
                 continue
             spans.append((len(before), len(upto)))
-            prompt = before
-        return full, spans, prompt, unstable
+        return spans, unstable
+
+    def spans(self, messages: List[Dict[str, Any]], tools: Any, supervise: str) -> Tuple[str, Spans, int]:
+        """A whole conversation without server ids: full text, assistant character spans, unstable turns.
+
+        The last turn must pass the prefix rule (else ``template_not_prefix_stable``: it cannot be masked);
+        earlier ones that fail it are left unsupervised and counted.
+        """
+        messages, tools = self.inputs(messages, tools)
+        full = self.render(messages, tools, False)
+        idx = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        if supervise == "last":
+            idx = idx[-1:]
+        spans, unstable = self._turn_spans(messages, tools, full, idx, True)
+        return full, spans, unstable
+
+    def prompt_spans(self, messages: List[Dict[str, Any]], tools: Any, supervise: str) -> Tuple[str, Spans, int]:
+        """A generated conversation: the rendered prompt (all but the generated last turn, with the generation
+        prompt), the spans of its earlier assistant turns (``supervise: all``), unstable turns."""
+        messages, tools = self.inputs(messages[:-1], tools)
+        prompt = self.render(messages, tools, True)
+        idx = [i for i, m in enumerate(messages) if m.get("role") == "assistant"] if supervise == "all" else []
+        spans, unstable = self._turn_spans(messages, tools, prompt, idx, False)
+        return prompt, spans, unstable
+
+
+def server_token_ids(row: Dict[str, Any]) -> Optional[Tuple[List[int], List[int]]]:
+    """(prompt ids, response ids) that generate stored from the server, or None."""
+    ids = []
+    for key in ("prompt_token_ids", "response_token_ids"):
+        value = row.get(key)
+        if not isinstance(value, list) or not value or \
+                not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
+            return None
+        ids.append(value)
+    return ids[0], ids[1]
+
+
+def prompt_difference(rendered: List[int], server: List[int]) -> Optional[Tuple[str, int]]:
+    """None when the ids are equal, else (reason, first differing position)."""
+    if rendered == server:
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(rendered, server)) if a != b), min(len(rendered), len(server)))
+    return ("length_differs" if len(rendered) != len(server) else "ids_differ"), first
 
 
 def mask_from_offsets(offsets: List[Tuple[int, int]], spans: List[Tuple[int, int]]) -> List[int]:
@@ -249,16 +314,21 @@ def tokenize_fingerprint(cfg: Any, src: str) -> str:
                      if os.path.isfile(os.path.join(cfg.tokenizer, f))]
     prompts = paths.in_work(cfg.work_dir, paths.PROMPTS)
     return fingerprint(["tokenize", __version__, file_stamp(src), tok_stamp, cfg.max_length, cfg.tokenize.__dict__,
-                        template_kwargs(cfg.raw), file_stamp(prompts) if os.path.exists(prompts) else None])
+                        template_kwargs(cfg.raw), tool_choice(cfg.raw), file_stamp(prompts) if os.path.exists(prompts) else None])
 
 
 def tokenize_rows(
     rows: List[Dict[str, Any]], renderer: Renderer, max_length: int, supervise: str,
-    stats: Dict[str, Any], prompt_check: str = "warn", tolerance: int = 0,
+    stats: Dict[str, Any], prompt_check: str = "warn", tolerance: int = 0, token_exact: bool = False,
 ) -> List[Dict[str, Any]]:
-    """One batch: render, tokenize (batched, with offsets), mask, truncate, check. Updates ``stats``."""
+    """One batch: render, tokenize (batched, with offsets), mask, truncate, check. Updates ``stats``.
+
+    ``token_exact`` (generated rows): the ids are the server's, the rendering only checks the prompt and
+    finds earlier assistant turns; a row without server ids is skipped. Otherwise (an existing dataset's
+    rows) the whole conversation is rendered here.
+    """
     texts: List[str] = []
-    metas: List[Tuple[Dict[str, Any], List[Tuple[int, int]], str]] = []
+    metas: List[Tuple[Dict[str, Any], Spans, int, Optional[Tuple[List[int], List[int]]]]] = []
     for row in rows:
         msgs = row["messages"]
         if not msgs or msgs[-1].get("role") != "assistant":
@@ -269,80 +339,100 @@ def tokenize_rows(
                 and not last.get("reasoning_content"):
             _bump(stats["skipped"], "empty_response")
             continue
+        ids = server_token_ids(row) if token_exact else None
+        if token_exact and ids is None:
+            _bump(stats["skipped"], "no_server_token_ids")
+            continue
         try:
-            full, spans, prompt, unstable = renderer.spans(msgs, row.get("tools"), supervise)
+            if ids is None:
+                text, spans, unstable = renderer.spans(msgs, row.get("tools"), supervise)
+            else:
+                text, spans, unstable = renderer.prompt_spans(msgs, row.get("tools"), supervise)
         except Skip as s:
             _bump(stats["skipped"], s.reason)
             continue
-        if unstable:
-            stats["earlier_turns_unsupervised"] += 1
-        texts.append(full)
-        metas.append((row, spans, prompt))
+        texts.append(text)
+        metas.append((row, spans, unstable, ids))
     if not texts:
         return []
     # the Rust tokenizer directly: batched, parallel, without transformers' per-row conversions
-    backend = renderer.tok.backend_tokenizer
-    enc = backend.encode_batch(texts, add_special_tokens=False)
-    check_idx = [i for i, meta in enumerate(metas) if _prompt_tokens(meta[0]) is not None]
-    prompt_lens: Dict[int, int] = {}
-    if check_idx:
-        penc = backend.encode_batch([metas[i][2] for i in check_idx], add_special_tokens=False)
-        prompt_lens = {i: len(e.ids) for i, e in zip(check_idx, penc)}
+    enc = renderer.tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
     out: List[Dict[str, Any]] = []
-    for i, (row, spans, _prompt) in enumerate(metas):
-        if i in prompt_lens:
-            pc = stats["prompt_check"]
-            pc["checked"] += 1
-            diff = prompt_lens[i] - int(_prompt_tokens(row))
-            if abs(diff) > tolerance:
-                pc["mismatched"] += 1
-                pc["max_abs_diff"] = max(pc["max_abs_diff"], abs(diff))
-                if len(pc["examples"]) < 10:
-                    pc["examples"].append({"id": row["id"], "rendered": prompt_lens[i], "server": _prompt_tokens(row)})
-                if prompt_check == "fail":
-                    raise DatagenError(
-                        f"tokenize.prompt_check: row {row['id']}: the rendered prompt has {prompt_lens[i]} tokens, "
-                        f"the server counted {_prompt_tokens(row)}; the tokenizer or chat template here is not the "
-                        "server's (set tokenizer to the served model's, or prompt_check: warn)")
-                if prompt_check == "drop":
-                    _bump(stats["skipped"], "prompt_token_mismatch")
-                    continue
+    for e, (row, spans, unstable, ids) in zip(enc, metas):
+        if ids is None:
+            input_ids, mask = e.ids, mask_from_offsets(e.offsets, spans)
+        else:
+            prompt, response = ids
+            verdict = check_prompt(row, e.ids, prompt, stats, prompt_check, tolerance)
+            if verdict is None:
+                continue
+            if verdict == "exact":  # the rendering is the server's: its offsets place the earlier turns
+                prompt_mask = mask_from_offsets(e.offsets, spans)
             else:
-                pc["matched"] += 1
-        ids = enc[i].ids
-        mask = mask_from_offsets(enc[i].offsets, spans)
-        truncated = len(ids) > max_length
+                prompt_mask = [0] * len(prompt)
+                unstable += len(spans)  # earlier turns cannot be placed in ids that differ: unsupervised
+            stats["token_exact"] += 1
+            input_ids, mask = prompt + response, prompt_mask + [1] * len(response)
+        if unstable:
+            stats["earlier_turns_unsupervised"] += 1
+        truncated = len(input_ids) > max_length
         if truncated:
-            ids, mask = ids[:max_length], mask[:max_length]
+            input_ids, mask = input_ids[:max_length], mask[:max_length]
             stats["truncated"] += 1
         if not has_supervised_pair(mask):
             _bump(stats["skipped"], "no_supervised_pair")
             continue
         _bump(stats["finish_reason"], str(row.get("finish_reason")))
         _bump(stats["per_category"], str(row.get("category")))
-        stats["tokens"] += len(ids)
+        stats["tokens"] += len(input_ids)
         stats["supervised_tokens"] += sum(mask)
         out.append({
             "id": str(row["id"]), "source": str(row.get("source", "")), "category": str(row.get("category", "")),
-            "input_ids": ids, "loss_mask": mask, "num_tokens": len(ids), "num_supervised": sum(mask),
+            "input_ids": input_ids, "loss_mask": mask, "num_tokens": len(input_ids), "num_supervised": sum(mask),
             "truncated": truncated, "finish_reason": None if row.get("finish_reason") is None
             else str(row["finish_reason"]),
         })
     return out
 
 
-def _prompt_tokens(row: Dict[str, Any]) -> Optional[int]:
-    usage = row.get("usage")
-    if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-        return usage["prompt_tokens"]
+def check_prompt(row: Dict[str, Any], rendered: List[int], server: List[int], stats: Dict[str, Any],
+                 prompt_check: str, tolerance: int) -> Optional[str]:
+    """Compare the rendered prompt's ids with the server's; count the outcome.
+
+    Returns ``"exact"`` (earlier turns may be masked), ``"differs"`` for a difference the row survives
+    (``warn``, or within ``tolerance``), None when the row is dropped; raises for ``fail``.
+    """
+    pc = stats["prompt_check"]
+    pc["checked"] += 1
+    diff = prompt_difference(rendered, server)
+    if diff is None:
+        pc["matched"] += 1
+        return "exact"
+    reason, first = diff
+    pc["mismatched"] += 1
+    _bump(pc["reasons"], reason)
+    length_diff = abs(len(rendered) - len(server))
+    pc["max_abs_diff"] = max(pc["max_abs_diff"], length_diff)
+    if len(pc["examples"]) < 10:
+        pc["examples"].append({"id": row["id"], "reason": reason, "first_difference": first,
+                               "rendered": len(rendered), "server": len(server)})
+    if reason == "length_differs" and length_diff <= tolerance or prompt_check == "warn":
+        return "differs"
+    if prompt_check == "fail":
+        raise DatagenError(
+            f"tokenize.prompt_check: row {row['id']}: the rendered prompt ({len(rendered)} tokens) differs from the "
+            f"server's prompt_token_ids ({len(server)} tokens) from position {first} ({reason}); the tokenizer or "
+            "chat template here is not the server's (set tokenizer to the served model's, or prompt_check: warn)")
+    _bump(stats["skipped"], "prompt_token_mismatch")
     return None
 
 
 def new_stats() -> Dict[str, Any]:
     return {"rows_in": 0, "rows_out": 0, "skipped": {}, "truncated": 0, "tokens": 0, "supervised_tokens": 0,
-            "earlier_turns_unsupervised": 0,
+            "earlier_turns_unsupervised": 0, "token_exact": 0,
             "finish_reason": {}, "per_category": {},
-            "prompt_check": {"checked": 0, "matched": 0, "mismatched": 0, "max_abs_diff": 0, "examples": []}}
+            "prompt_check": {"checked": 0, "matched": 0, "mismatched": 0, "reasons": {}, "max_abs_diff": 0,
+                             "examples": []}}
 
 
 def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Dict[str, Any]:
@@ -357,7 +447,7 @@ def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Di
     if not force and old and old.get("fingerprint") == fp and all(os.path.exists(s) for s in old.get("shards", [])):
         return {"stage": "tokenize", "skipped": True, "reason": "inputs and config unchanged",
                 "rows_out": old["rows_out"], "dir": out_dir}
-    renderer = Renderer(load_tokenizer(cfg.tokenizer), template_kwargs(cfg.raw))
+    renderer = Renderer(load_tokenizer(cfg.tokenizer), template_kwargs(cfg.raw), tool_choice(cfg.raw))
     tmp_dir = fresh_build_dir(out_dir)
     stats = new_stats()
     writer = ShardWriter(tmp_dir, cfg.tokenize.shard_rows)
@@ -369,12 +459,12 @@ def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Di
             batch.append(row)
             if len(batch) >= opts.batch_size:
                 done = tokenize_rows(batch, renderer, cfg.max_length, opts.supervise, stats, opts.prompt_check,
-                                     opts.prompt_check_tolerance)
+                                     opts.prompt_check_tolerance, token_exact=True)
                 stats["rows_out"] += len(done)
                 writer.write(done)
                 batch = []
         done = tokenize_rows(batch, renderer, cfg.max_length, opts.supervise, stats, opts.prompt_check,
-                             opts.prompt_check_tolerance)
+                             opts.prompt_check_tolerance, token_exact=True)
         stats["rows_out"] += len(done)
         writer.write(done)
         writer.close()
@@ -390,5 +480,6 @@ def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Di
     swap_dir(tmp_dir, out_dir)
     pc = stats["prompt_check"]
     return {"stage": "tokenize", "skipped": False, "rows_in": stats["rows_in"], "rows_out": stats["rows_out"],
-            "skipped_rows": stats["skipped"], "prompt_check": {k: pc[k] for k in ("checked", "matched", "mismatched")},
+            "skipped_rows": stats["skipped"], "token_exact": stats["token_exact"],
+            "prompt_check": {k: pc[k] for k in ("checked", "matched", "mismatched")},
             "dir": out_dir}

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import aiohttp
 
+from ..sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
 from .journal import AppendLog, DoneIndex
 from .progress import Progress, summary_line, write_atomic
 from .settings import GenerateSettings
@@ -31,7 +32,8 @@ from .settings import GenerateSettings
 # (a prompt longer than the context, a bad parameter) fail the row at once.
 RETRY_STATUS = frozenset({408, 409, 425, 429})
 # Keys the output row owns; an input row's own copy would make duplicate JSON keys.
-OUTPUT_KEYS = frozenset({"id", "messages", "tools", "finish_reason", "usage", "sampling", "server", "model"})
+OUTPUT_KEYS = frozenset({"id", "messages", "tools", "finish_reason", "usage", "sampling", "server", "model",
+                         "prompt_token_ids", "response_token_ids"})
 
 # rows buffered for the writer thread before the workers wait for it
 _MAX_PENDING = 64 << 20
@@ -49,6 +51,13 @@ except ImportError:  # pragma: no cover - before datagen.util exists
 
 class GenerateError(_Base):
     """The run cannot go on (no server became ready, wrong model, a second run); the message says why."""
+
+
+# a response without token ids: every row would lack them, so the run stops at the first one
+NO_TOKEN_IDS = ("{server} answered without token ids (choices[0].prompt_token_ids/response_token_ids or "
+                "sglext.input_ids/output_ids): sglang-router drops return_token_ids, so either list the workers "
+                "themselves in `servers` or start the workers with --return-input-ids --return-output-ids "
+                "(sglang >= 0.5.23)")
 
 
 class RowError(Exception):
@@ -114,13 +123,17 @@ def check_row(row: Any) -> Optional[str]:
     return None
 
 
-def parse_response(raw: bytes) -> Tuple[Dict[str, Any], Optional[str], Dict[str, Any]]:
-    """(assistant message, finish_reason, usage) from a chat-completion body."""
+TokenIds = Optional[Tuple[List[int], List[int]]]
+
+
+def parse_response(raw: bytes) -> Tuple[Dict[str, Any], Optional[str], Dict[str, Any], TokenIds]:
+    """(assistant message, finish_reason, usage, (prompt ids, response ids) or None) from a chat-completion body."""
     try:
         data = _loads(raw)
         choice = data["choices"][0]
         message = choice["message"]
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        ids = token_ids_from_response(data)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
         # a body cut short by a dropped connection, or a proxy's error page
         raise RowError(f"unreadable response ({type(exc).__name__}): {raw[:120]!r}", retry=True) from None
     finish = choice.get("finish_reason")
@@ -137,7 +150,7 @@ def parse_response(raw: bytes) -> Tuple[Dict[str, Any], Optional[str], Dict[str,
     if reasoning:
         assistant["reasoning_content"] = reasoning
     usage = data.get("usage") or {}
-    return assistant, finish, usage
+    return assistant, finish, usage, ids
 
 
 class _Server:
@@ -201,14 +214,16 @@ class Engine:
         const: Dict[str, Any] = {"model": self.model, "stream": False}
         const.update(s.sampling)
         const.update(s.extra_body)
+        const.update(TOKEN_ID_FLAGS)  # the training row is the ids the server consumed and produced
         const["chat_template_kwargs"] = s.template_kwargs()
         self._prefix = _dumps(const)[:-1]
         self._tool_choice = ',"tool_choice":' + _dumps(s.tool_choice)
         self._tail = ',"sampling":' + self._sampling_json + ',"model":' + _dumps(self.model)
 
     def _job(self, row: Dict[str, Any]) -> _Job:
-        messages_json = _dumps(prompt_messages(row["messages"]))
-        tools = row.get("tools")
+        # what the worker will see, by either route: the output row keeps exactly that, for tokenize to render
+        messages, tools = canonical_request(prompt_messages(row["messages"]), row.get("tools"))
+        messages_json = _dumps(messages)
         tools_json = _dumps(tools) if tools else None
         parts = [self._prefix, ',"messages":', messages_json]
         if tools_json is not None:
@@ -217,7 +232,7 @@ class Engine:
         return _Job(row, "".join(parts).encode("utf-8", "surrogatepass"), messages_json, tools_json)
 
     def _output_line(self, job: _Job, assistant: Dict[str, Any], finish: Optional[str],
-                     usage: Dict[str, Any], server: str) -> str:
+                     usage: Dict[str, Any], server: str, ids: Tuple[List[int], List[int]]) -> str:
         row = job.row
         head: Dict[str, Any] = {"id": job.row_id}  # id first: resume finds it without a full parse
         for key, value in row.items():
@@ -228,7 +243,8 @@ class Engine:
         if job.tools_json is not None:
             parts += [',"tools":', job.tools_json]
         parts += [',"finish_reason":', _dumps(finish), ',"usage":', _dumps(usage),
-                  ',"server":', _dumps(server), self._tail, "}\n"]
+                  ',"server":', _dumps(server), self._tail,
+                  ',"prompt_token_ids":', _dumps(ids[0]), ',"response_token_ids":', _dumps(ids[1]), "}\n"]
         return "".join(parts)
 
     # ------------------------------------------------------------ input
@@ -371,7 +387,7 @@ class Engine:
                     status = resp.status
                     raw = await resp.read()
                     if status == 200:
-                        assistant, finish, usage = parse_response(raw)
+                        assistant, finish, usage, ids = parse_response(raw)
                     elif status in RETRY_STATUS or status >= 500:
                         raise RowError(f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}", retry=True,
                                        status=status, retry_after=parse_retry_after(resp.headers.get("Retry-After")))
@@ -385,7 +401,12 @@ class Engine:
             except (aiohttp.ClientError, OSError) as exc:  # refused, reset, dropped mid-body
                 last = RowError(f"{type(exc).__name__}: {exc}", retry=True)
             else:
-                self.out.add(self._output_line(job, assistant, finish, usage, srv.base))
+                if ids is None:
+                    if not self.fatal:
+                        self.fatal = NO_TOKEN_IDS.format(server=srv.base)
+                        self.request_stop()
+                    return  # not an error row: the row is generated again once the route keeps the ids
+                self.out.add(self._output_line(job, assistant, finish, usage, srv.base, ids))
                 prog.written += 1
                 self._failing = 0
                 srv.stats["ok"] += 1

@@ -1,0 +1,125 @@
+"""What reaches a worker through the real sglang-router 0.3.2: the router re-serialises every chat request
+from its own typed struct, so generate sends the form it passes through unchanged (``canonical_request``),
+and the workers' response-level token ids come back through it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from datagen.sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
+
+pytest.importorskip("sglang_router", reason="the real sglang-router (requirements.txt) is not installed")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
+from harness import StandinProcess  # noqa: E402
+
+MESSAGES = [
+    {"role": "system", "content": "You are an agent."},
+    {"role": "user", "content": "Weather in C4?", "name": "bob"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "index": 0, "type": "function",
+         "function": {"name": "get_weather", "arguments": "{\"city\": \"C4\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "4 degrees"},
+]
+TOOLS = [
+    {"type": "function", "function": {"parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                                      "description": "Weather now.", "name": "get_weather", "x-extra": 1},
+     "defer_loading": True},
+    {"type": "function", "function": {"name": "get_time"}},  # no parameters: the router answers 400
+    {"type": "function", "function": {"name": "ping", "strict": True, "parameters": {"type": "object"}}},
+]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def routed(tmp_path_factory):
+    """A stand-in worker recording what it receives, behind the real router (both on loopback)."""
+    record = str(tmp_path_factory.mktemp("route") / "requests.jsonl")
+    worker = StandinProcess(["--record-requests", record, "--return-input-ids", "--return-output-ids"],
+                            model="m").start()
+    port, metrics = _free_port(), _free_port()
+    log = tempfile.TemporaryFile()
+    router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                               "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                               str(metrics), "--worker-urls", worker.url], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/workers", timeout=5) as resp:
+                    if any(w.get("is_healthy") for w in json.loads(resp.read()).get("workers", [])):
+                        break
+            except (OSError, ValueError):
+                pass
+            assert router.poll() is None and time.monotonic() < deadline, "sglang-router did not come up"
+            time.sleep(0.2)
+        yield url, record
+    finally:
+        router.terminate()
+        try:
+            router.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            router.kill()
+            router.wait(timeout=15)
+        worker.stop()
+
+
+def _chat(url, messages, tools):
+    body = json.dumps(dict({"model": "m", "messages": messages, "tools": tools, "max_tokens": 16},
+                           **TOKEN_ID_FLAGS)).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _last_received(record):
+    with open(record, encoding="utf-8") as fh:
+        return json.loads(fh.readlines()[-1])
+
+
+def test_the_canonical_request_reaches_the_worker_unchanged(routed):
+    url, record = routed
+    messages, tools = canonical_request(MESSAGES, TOOLS)
+    answer = _chat(url, messages, tools)
+    got = _last_received(record)
+    assert got["tools"] == tools
+    # the router leaves out a null content (SGLang reads it as "" either way): the rest is as sent
+    assert [{k: v for k, v in m.items() if v is not None} for m in got["messages"]] == \
+        [{k: v for k, v in m.items() if v is not None} for m in messages]
+    assert json.dumps(got["tools"]) == json.dumps(tools)  # key order too: templates tojson the tools
+    # the request's token-id flags do not get through, the workers' sglext does
+    assert "return_token_ids" not in got and "return_prompt_token_ids" not in got
+    assert "prompt_token_ids" not in answer["choices"][0]
+    ids = token_ids_from_response(answer)
+    assert ids is not None and len(ids[0]) == answer["usage"]["prompt_tokens"]
+
+
+def test_the_raw_request_is_refused_or_rewritten_by_the_router(routed):
+    """Why canonical_request exists: what the router does to the rows as the sources give them."""
+    url, record = routed
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _chat(url, MESSAGES, TOOLS)
+    assert err.value.code == 400 and "parameters" in err.value.read().decode()
+    tools = [TOOLS[0], TOOLS[2]]
+    _chat(url, MESSAGES, tools)
+    got = _last_received(record)
+    assert list(got["tools"][0]["function"]) == ["name", "description", "parameters"]  # reordered, x-extra gone
+    assert "defer_loading" not in got["tools"][0]
+    assert "name" not in got["messages"][3] and "index" not in got["messages"][2]["tool_calls"][0]
