@@ -295,7 +295,7 @@ def check(step: str, ok: bool, what: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--keep", action="store_true", help="leave the clean room container after the run")
     args = parser.parse_args()
     if os.geteuid() != 0:

@@ -193,8 +193,8 @@ def runner_job(pdd: Path, ident: str, *, check: bool = False) -> tuple[str, list
     )
     artifacts = pdd / "artifacts" / ident
     status = (artifacts / "status").read_text().strip() if (artifacts / "status").exists() else "none"
-    events = [json.loads(p.read_text()) for p in sorted((artifacts / "job_events").glob("*.json"),
-                                                           key=lambda p: int(p.name.split("-", 1)[0]))]
+    event_files = sorted((artifacts / "job_events").glob("*.json"), key=lambda p: int(p.name.split("-", 1)[0]))
+    events = [json.loads(p.read_text()) for p in event_files]
     assert events, done.stdout[-3000:] + done.stderr[-3000:]
     return status, events
 
