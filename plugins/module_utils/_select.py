@@ -31,6 +31,16 @@ The broad-match rule (``job_groups`` / ``broad_match_reason``)
     (a ``python`` regex that also hits a networkd-dispatcher-like daemon, or
     an editor with the training script in its arguments) is refused, with
     the list of groups, unless ``allow_broad_match``.
+
+What ``match`` never selects (``match_left_out``)
+    A tmux server keeps the command line of the ``tmux new-session ...
+    "torchrun ..."`` that started it, so a regex for the job hits it too; and
+    being an ancestor of the job, it would become the job's root, and SIGTERM
+    would end every session on the node. So a hit is left out (with the
+    reason, in the plan) when it is a terminal multiplexer (tmux/screen
+    server or client), an interactive shell (a terminal's prompt), or an
+    ancestor of a pane process (a child of a tmux server, or a pane of
+    ``tmux_session``). The job in the pane is still a hit of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import os
 import re
 import subprocess
 import typing as t
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     ProcError,
@@ -238,6 +248,21 @@ def program_of(cmdline: t.Sequence[str]) -> str:
     return name
 
 
+_MULTIPLEXERS = frozenset(("tmux", "screen", "SCREEN", "zellij", "dtach", "abduco"))
+
+
+def is_multiplexer(info: ProcessInfo) -> bool:
+    """A tmux/screen server or client (``comm`` is ``tmux: server`` for tmux's server)."""
+    if info.comm.split(":")[0] in _MULTIPLEXERS:
+        return True
+    return bool(info.cmdline) and os.path.basename(info.cmdline[0]) in _MULTIPLEXERS
+
+
+def is_tmux_server(info: ProcessInfo) -> bool:
+    # tmux names its server process "tmux: server" (comm, 15 bytes) but leaves its argv alone
+    return info.comm.startswith("tmux: serv")
+
+
 _SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "tcsh", "csh", "yash"))
 
 
@@ -289,6 +314,37 @@ def pane_roots(panes: t.Sequence[Pane], table: t.Mapping[int, ProcessInfo]) -> t
             "its shells (pids %s) are" % ", ".join(str(pid) for pid in shells),
             "what runs in it is the job" if kids else "nothing runs in it"))
     return roots, notes
+
+
+def match_left_out(
+    hits: t.Iterable[int], table: t.Mapping[int, ProcessInfo], panes: t.Sequence[Pane] = (),
+) -> dict[int, str]:
+    """Of the ``match`` hits, those never selected through ``match``, with the reason (pure).
+
+    See the module docstring: tmux/screen servers and clients, interactive shells, and ancestors
+    of a pane process (a child of a tmux server, or a pane of ``tmux_session``).
+    """
+    pane_pids = {pane.pid for pane in panes if pane.pid in table}
+    pane_pids.update(pid for pid, info in table.items() if info.ppid in table and is_tmux_server(table[info.ppid]))
+    above_panes: set[int] = set()
+    for pid in pane_pids:
+        seen = {pid}
+        current = table[pid].ppid
+        while current in table and current not in seen:  # bounded: each pid once
+            above_panes.add(current)
+            seen.add(current)
+            current = table[current].ppid
+    left_out: dict[int, str] = {}
+    for pid in sorted(set(hits)):
+        info = table[pid]
+        if is_multiplexer(info):
+            left_out[pid] = ("a tmux server, which runs every session on the node" if is_tmux_server(info)
+                             else "a terminal multiplexer (%s), not the job" % (info.comm or "?"))
+        elif is_interactive_shell(info.cmdline):
+            left_out[pid] = "an interactive shell (a terminal's prompt), not the job"
+        elif pid in above_panes:
+            left_out[pid] = "an ancestor of a tmux pane's process, not the job"
+    return left_out
 
 
 def protected_pids(table: t.Mapping[int, ProcessInfo], self_pid: int, ancestors: t.Iterable[int]) -> set[int]:
@@ -421,6 +477,7 @@ class Selection:
     notes: list[str]
     refused: str = ""
     seen: frozenset = frozenset()  # (pid, starttime) of every process in the table the selection was made from
+    left_out: dict = field(default_factory=dict)  # pid -> (why, command line): matched but never selected
 
 
 def late_children(
@@ -494,8 +551,14 @@ def select(
         roots.setdefault(pid, "tmux_session")
     refused = ""
     hits: list[int] = []
+    left_out: dict[int, tuple[str, str]] = {}
     if match is not None or (container is not None and not (pids or pid_file_pid or panes)):
         hits = [pid for pid, info in table.items() if allowed(info) and (match is None or match.search(command_of(info)))]
+        if match is not None:
+            for pid, why in match_left_out(hits, table, panes).items():
+                left_out[pid] = (why, command_of(table[pid])[:200])
+                notes.append("match: pid %d left out, %s: %s" % (pid, why, command_of(table[pid])[:200]))
+            hits = [pid for pid in hits if pid not in left_out]
         groups = job_groups(hits, table)
         if not allow_broad_match:
             refused = broad_match_reason(groups, table)
@@ -506,7 +569,7 @@ def select(
     for pid in hits:
         if pid in members and members[pid].how in ("child", "group", "session"):
             members[pid] = replace(members[pid], how="match" if match is not None else "container")
-    return Selection(members, list(panes), notes, refused)
+    return Selection(members, list(panes), notes, refused, left_out=left_out)
 
 
 def snapshot(

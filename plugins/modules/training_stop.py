@@ -67,6 +67,11 @@ options:
     description:
       - A Python regular expression searched in each process's full command line (arguments joined by
         spaces). The topmost hits become the roots.
+      - A hit that is a terminal multiplexer (a tmux server, which keeps the command line of the
+        C(tmux new-session ... "torchrun ...") that started it, or a tmux/screen client), an interactive shell
+        (a terminal's prompt), or an ancestor of a tmux pane's process is never selected through I(match); it is
+        listed in RV(left_out) with the reason. Anchor the regex to the program run (for example
+        V(^(\S*/)?torchrun\s)) rather than searching anywhere in a command line.
       - If the hits form several unrelated process trees (different programs, users or parents; for
         example V(python) on a host running networkd-dispatcher, or an editor with the training script
         open) the module fails listing them, unless I(allow_broad_match=true). Several trees of the same
@@ -252,6 +257,14 @@ late_children:
   returned: always
   type: list
   elements: int
+left_out:
+  description: Processes I(match) hit but that are never selected through it, with the reason (a tmux server,
+    a tmux/screen client, an interactive shell, an ancestor of a tmux pane's process).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 4100, why: "a tmux server, which runs every session on the node",
+            cmdline: "tmux new-session -d -s dflash torchrun --standalone train.py"}]
 notes:
   description: Things worth knowing about the selection (missing tmux session, PIDs not running, a reused PID).
   returned: always
@@ -357,7 +370,7 @@ def main():
     )
     params = module.params
     result = dict(changed=False, selected=[], plan=[], rungs=[], stopped_by=None, stopped_by_index=None,
-                  survivors=[], unkillable=[], late_children=[], notes=[], pidfd=False, elapsed=0.0)
+                  survivors=[], unkillable=[], late_children=[], notes=[], left_out=[], pidfd=False, elapsed=0.0)
 
     def finish(failed_msg=None):
         result["elapsed"] = round(time.monotonic() - started, 4)
@@ -377,6 +390,7 @@ def main():
         module.fail_json(msg=str(exc), **result)
     result["plan"] = [rung.describe() for rung in rungs]
     result["notes"] = selection.notes
+    result["left_out"] = [{"pid": pid, "why": why, "cmdline": cmd} for pid, (why, cmd) in sorted(selection.left_out.items())]
     members = sorted(selection.members.values(), key=lambda m: (m.depth, m.pid))
     result["selected"] = [_member_dict(m) for m in members]
     if selection.refused:
