@@ -186,6 +186,39 @@ def tmux_send_keys_argv(pane_id: str, keys: str = "C-c", socket: str | None = No
     return argv + ["send-keys", "-t", pane_id, keys]
 
 
+def tmux_capture_argv(pane_id: str, lines: int = 50, socket: str | None = None, tmux: str = "tmux") -> list[str]:
+    argv = [tmux]
+    if socket:
+        argv += ["-S", socket]
+    return argv + ["capture-pane", "-p", "-J", "-t", pane_id, "-S", "-%d" % lines]
+
+
+def last_step(text: str, step_regex: t.Pattern[str]) -> int | None:
+    """The step number of the last line ``step_regex`` finds in ``text`` (its first group, else the first number)."""
+    found = None
+    for hit in step_regex.finditer(text):
+        digits = re.search(r"\d+", hit.group(1) if hit.groups() and hit.group(1) else hit.group(0))
+        if digits:
+            found = int(digits.group(0))
+    return found
+
+
+def tmux_step(panes: t.Sequence[Pane], step_regex: t.Pattern[str], socket: str | None = None, timeout: float = 5.0) -> int | None:
+    """The highest last step line shown in ``panes`` (None without one, or when the panes are gone)."""
+    steps = []
+    for pane in panes:
+        try:
+            done = subprocess.run(tmux_capture_argv(pane.pane_id, socket=socket), stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            step = last_step(done.stdout.decode(errors="replace"), step_regex)
+            if step is not None:
+                steps.append(step)
+    return max(steps) if steps else None
+
+
 def parse_panes(text: str, session: str) -> list[Pane]:
     """Panes of exactly ``session`` from ``list-panes -a`` output (``%id<TAB>pid<TAB>session``)."""
     panes = []

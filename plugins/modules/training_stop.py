@@ -124,17 +124,28 @@ options:
     elements: dict
   progress_paths:
     description:
-      - Files or directories (searched recursively, following symlinks, up to 10000 entries, newest first) whose
-        entries appearing, being renamed, or changing size or modification time means the job is still making
-        progress, typically the checkpoint directory.
-      - While they changed within I(progress_stall) seconds, a rung other than SIGKILL waits past its timeout,
-        up to I(max_grace) after the rung started.
-      - Once a change was seen during a rung, the rung also keeps waiting (still up to I(max_grace)) while a
-        selected process holds a file under them open for writing, so a save that pauses between writes for
-        longer than I(progress_stall) (the next shard being serialized, an fsync under I/O load) is not cut short.
+      - Files or directories (searched recursively, following symlinks, up to 10000 entries, newest first), typically
+        the checkpoint directory, where a save started after a signal shows.
+      - A rung other than SIGKILL waits past its timeout (up to I(max_grace) after it started) only for a save that
+        started after its signal, that is a selected process writing a file under them that it opened after the
+        signal, with the file modified after the signal. Once such a save was seen, the rung keeps waiting while
+        entries there appear, are renamed, or change size or modification time within I(progress_stall) seconds,
+        or while a selected process still holds a file it opened after the signal (a save that pauses between
+        writes for longer than I(progress_stall)).
+      - Files that merely keep changing (a job ignoring the signal writing its log through a file it already held
+        open) never extend a rung, and no rung is extended while the job is still training (see I(step_regex)).
     type: list
     elements: path
     default: []
+  step_regex:
+    description:
+      - With I(tmux_session), a Python regular expression finding the job's step lines in the panes (its first group,
+        else the first number in the hit, is the step). A job whose step counter advances more than one step past
+        the one shown at a rung's signal is still training, not shutting down, so that rung gets no grace from
+        I(progress_paths) (the periodic checkpoints of a job that ignores the signal are not a shutdown save).
+      - Empty string to not read steps.
+    type: str
+    default: '\bstep\s+(\d+)'
   progress_stall:
     description:
       - Seconds without any change under I(progress_paths) (and no file there held open for writing by the job)
@@ -305,6 +316,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import ( 
     snapshot,
     tmux_panes,
     tmux_send_keys_argv,
+    tmux_step,
 )
 
 SELECTORS = ["pids", "pid_file", "match", "tmux_session", "container"]
@@ -361,6 +373,7 @@ def main():
             ladder=dict(type="list", elements="dict"),
             progress_paths=dict(type="list", elements="path", default=[]),
             progress_stall=dict(type="float", default=10.0),
+            step_regex=dict(type="str", default=r"\bstep\s+(\d+)"),
             max_grace=dict(type="float", default=600.0),
             kill_timeout=dict(type="float", default=10.0),
         ),
@@ -381,6 +394,7 @@ def main():
     _check_numbers(module)
     try:
         rungs = parse_ladder(params["ladder"], tmux=bool(params["tmux_session"]), kill_timeout=params["kill_timeout"])
+        step_regex = compile_regex("step_regex", params["step_regex"]) if params["tmux_session"] and params["step_regex"] else None
         selection = snapshot(
             pids=params["pids"] or [], pid_file=params["pid_file"], match=params["match"],
             tmux_session=params["tmux_session"], tmux_socket=params["tmux_socket"], container=params["container"],
@@ -433,6 +447,11 @@ def main():
         return sent, errors
 
     excludes = [compile_regex("exclude", pattern) for pattern in params["exclude"]]
+    step_probe = None
+    if step_regex is not None:
+
+        def step_probe():
+            return tmux_step(tmux_panes(params["tmux_session"], params["tmux_socket"])[0], step_regex, params["tmux_socket"])
 
     def find_children(parents):
         return late_children(stat_children(parents), selection.seen, excludes)
@@ -441,7 +460,7 @@ def main():
         outcome = run_ladder(
             rungs, procs, root_pgids=root_pgids, send_keys=send_keys, progress_paths=params["progress_paths"],
             progress_stall=params["progress_stall"], max_grace=params["max_grace"], find_children=find_children,
-            started=started,
+            started=started, step_probe=step_probe,
         )
     finally:
         procs.close()

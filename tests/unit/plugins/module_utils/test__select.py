@@ -24,6 +24,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     compile_regex,
     is_interactive_shell,
     job_groups,
+    last_step,
     late_children,
     parse_panes,
     parse_pid_file,
@@ -31,6 +32,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     read_tpgid,
     select,
     started_after,
+    tmux_capture_argv,
     tmux_list_panes_argv,
     top_of,
 )
@@ -367,3 +369,15 @@ def test_match_leaves_out_any_ancestor_of_a_pane_process():
 ])
 def test_role_default_match_is_anchored_to_the_program_run(cmd, hit):
     assert bool(re.search(_role_default_match(), cmd)) is hit
+
+
+@pytest.mark.parametrize("text, regex, step", [
+    ("step 1 loss 2.3\nstep 2 loss 2.2\nstep 13 loss 2.0\n", r"\bstep\s+(\d+)", 13),
+    ("[rank0] step 7\n[rank1] step 8\nsaving checkpoint\n", r"\bstep\s+\d+", 8),   # the role's regex: no group
+    ("epoch 3 step=41 loss=0.1\n", r"step=(\d+)", 41),
+    ("no steps here\n", r"\bstep\s+(\d+)", None),
+    ("steps 5\n", r"\bstep\s+(\d+)", None),
+])
+def test_last_step_of_a_pane(text, regex, step):
+    assert last_step(text, re.compile(regex)) == step
+    assert tmux_capture_argv("%3", 50, "/tmp/s") == ["tmux", "-S", "/tmp/s", "capture-pane", "-p", "-J", "-t", "%3", "-S", "-50"]
