@@ -111,10 +111,21 @@ def _timeout(value: t.Any, option: str) -> float:
     return number
 
 
-def default_ladder(tmux: bool, kill_timeout: float) -> list[Rung]:
-    """Ctrl-C (tmux) or SIGINT to the launcher for 45 s (torchrun's own teardown is 30 s), SIGTERM all 30 s, SIGKILL."""
+def ctrl_c_wait(shutdown_timeout: float) -> float:
+    """The shortest Ctrl-C rung for a torchrun agent that waits ``shutdown_timeout`` for its ranks.
+
+    The agent forwards the signal to every rank's process group, waits that long, SIGKILLs what is left and
+    exits; the rung must outlast it, or the next rung's signal (the agent's second) restarts that wait and its
+    SIGTERM kills the DataLoader workers, aborting a save in progress. Half again as long, at least 5 s more.
+    """
+    return shutdown_timeout + max(5.0, shutdown_timeout / 2)
+
+
+def default_ladder(tmux: bool, kill_timeout: float, shutdown_timeout: float = 30.0) -> list[Rung]:
+    """Ctrl-C (tmux) or SIGINT to the launcher, outlasting torchrun's own teardown (45 s for its 30 s), SIGTERM all
+    30 s, SIGKILL."""
     return [
-        Rung(signal.SIGINT, 45.0, via="tmux" if tmux else None, to="launcher"),
+        Rung(signal.SIGINT, ctrl_c_wait(shutdown_timeout), via="tmux" if tmux else None, to="launcher"),
         Rung(signal.SIGTERM, 30.0, to="all"),
         Rung(signal.SIGKILL, kill_timeout, to="all"),
     ]
@@ -155,8 +166,28 @@ def parse_ladder(raw: t.Any, *, tmux: bool, kill_timeout: float) -> list[Rung]:
             raise LadderError("%s.to: must be 'launcher' or 'all', got %r" % (where, to))
         if sig == signal.SIGKILL:
             timeout = min(timeout, kill_timeout)
+        if sig == signal.SIGINT and any(rung.signal == signal.SIGINT for rung in rungs):
+            raise LadderError("%s: a second SIGINT (Ctrl-C) rung; torchrun restarts its shutdown on a second signal and "
+                              "exits at once on a third, orphaning its ranks: use one longer SIGINT rung, then SIGTERM "
+                              "and SIGKILL" % where)
         rungs.append(Rung(sig, timeout, via, to))
     return rungs
+
+
+def fit_to_torchrun(rungs: t.Sequence[Rung], shutdown_timeout: float | None) -> tuple[list[Rung], list[str]]:
+    """Lengthen a SIGINT rung shorter than :func:`ctrl_c_wait` of the job's torchrun (None: not torchrun)."""
+    if shutdown_timeout is None:
+        return list(rungs), []
+    wanted = ctrl_c_wait(shutdown_timeout)
+    fitted, notes = [], []
+    for index, rung in enumerate(rungs):
+        if rung.signal == signal.SIGINT and rung.timeout < wanted:
+            notes.append("ladder[%d]: SIGINT rung lengthened from %gs to %gs: the job's torchrun waits %gs "
+                         "(TORCH_ELASTIC_SHUTDOWN_TIMEOUT) for its ranks before killing them" % (
+                             index, rung.timeout, wanted, shutdown_timeout))
+            rung = Rung(rung.signal, wanted, rung.via, rung.to)
+        fitted.append(rung)
+    return fitted, notes
 
 
 # ---------------------------------------------------------------- progress
@@ -477,12 +508,18 @@ def run_ladder(
             report.steps = [step_at_signal, step_at_signal]
         signal_wall_ns = int(wall() * 1e9) - MTIME_SLACK_NS
         report.sent_at = clock() - t0
+        panes: list[str] = []
         if rung.via == "tmux" and send_keys is not None:
             panes, errors = send_keys()
             report.targets = panes
             report.errors.extend(errors)
             signalled = signalled or bool(panes)
-        else:
+            if not panes:
+                # No pane to type Ctrl-C into (it closed with its launcher, killed -9): what is left (the
+                # orphaned ranks) gets the signal torchrun would have forwarded, SIGINT to each process group.
+                report.via = None
+                report.errors.append("no tmux pane to send Ctrl-C to: SIGINT sent to the launchers instead")
+        if rung.via != "tmux" or send_keys is None or not panes:
             live = procs.live()
             targets = launcher_targets(live, root_pgids) if rung.to == "launcher" else live
             for handle in targets:  # depth order: the launcher before (or with) its workers

@@ -296,6 +296,39 @@ def is_tmux_server(info: ProcessInfo) -> bool:
     return info.comm.startswith("tmux: serv")
 
 
+TORCHRUN_PROGRAMS = frozenset(("torchrun", "-m torch.distributed.run", "-m torch.distributed.launch"))
+TORCHRUN_SHUTDOWN_DEFAULT = 30.0  # torch/distributed/launcher/api.py: LaunchConfig.shutdown_timeout
+
+
+def torchrun_shutdown_timeout(cmdline: t.Sequence[str], environ: t.Mapping[str, str] | None) -> float | None:
+    """How long a torchrun agent waits for its ranks after a signal before SIGKILLing them; None if not torchrun.
+
+    As torch/distributed/run.py and launcher/api.py decide it: ``--shutdown-timeout``/``--shutdown_timeout``
+    (or its ``PET_SHUTDOWN_TIMEOUT`` environment twin), else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s.
+    An unreadable environment (another user's process) gives the default.
+    """
+    if os.path.basename(program_of(cmdline)) not in TORCHRUN_PROGRAMS and program_of(cmdline) not in TORCHRUN_PROGRAMS:
+        return None
+    env = environ or {}
+    value: str | None = None
+    args = list(cmdline)
+    for index, arg in enumerate(args):
+        for flag in ("--shutdown-timeout", "--shutdown_timeout"):
+            if arg == flag and index + 1 < len(args):
+                value = args[index + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+        if arg in ("--", "-m") or (not arg.startswith("-") and arg.endswith(".py")):
+            break  # the training script's own arguments start here
+    for candidate in (value, env.get("PET_SHUTDOWN_TIMEOUT"), env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")):
+        if candidate is not None:
+            try:
+                return max(0.0, float(candidate))
+            except ValueError:
+                continue
+    return TORCHRUN_SHUTDOWN_DEFAULT
+
+
 _SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "tcsh", "csh", "yash"))
 
 
@@ -548,6 +581,7 @@ def select(
     container: int | None = None,
     excludes: t.Sequence[t.Pattern[str]] = (),
     allow_broad_match: bool = False,
+    gpu_holders: t.Sequence[int] = (),
 ) -> Selection:
     """Pure: roots from every selector, the tree closure, the never-select rules and the broad-match rule.
 
@@ -578,6 +612,10 @@ def select(
             roots.setdefault(pid_file_pid, "pid_file")
         else:
             notes.append("pid_file: pid %d is not running" % pid_file_pid)
+    for pid in gpu_holders:
+        # a process holding a GPU device file: with no launcher left (killed -9, OOM) these are the job's ranks
+        if pid in table:
+            roots.setdefault(pid, "gpu_holder")
     roots_in_panes, pane_notes = pane_roots(panes, table)
     notes.extend(pane_notes)
     for pid in roots_in_panes:
@@ -615,6 +653,7 @@ def snapshot(
     container: int | None = None,
     exclude: t.Sequence[str] = (),
     allow_broad_match: bool = False,
+    gpu_holders: t.Sequence[int] = (),
     proc_root: str = "/proc",
 ) -> Selection:
     """Read the system and select (the only impure entry point besides the readers)."""
@@ -639,7 +678,7 @@ def snapshot(
     if container is not None and not (pids or pid_file_pid or panes or regex):
         candidates: t.Iterable[int] = list(table)
     else:
-        seeds = {pid for pid in list(pids) + [pid_file_pid or 0] if pid in table}
+        seeds = {pid for pid in list(pids) + [pid_file_pid or 0] + list(gpu_holders) if pid in table}
         seeds.update(pane_roots(panes, table)[0])
         seeds.update(pane.pid for pane in panes if pane.pid in table)
         if regex is not None:
@@ -653,7 +692,7 @@ def snapshot(
     selection = select(
         table=table, self_pid=self_pid, ancestors=ancestors_of(self_pid, proc_root), pids=pids,
         pid_file_pid=pid_file_pid, match=regex, panes=panes, container=container, excludes=excludes,
-        allow_broad_match=allow_broad_match,
+        allow_broad_match=allow_broad_match, gpu_holders=gpu_holders,
     )
     selection.notes[:0] = notes
     selection.seen = frozenset(info.identity for info in table.values())

@@ -16,6 +16,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     Rung,
     default_ladder,
     describe_process,
+    fit_to_torchrun,
     launcher_targets,
     parse_ladder,
     parse_signal,
@@ -62,17 +63,36 @@ def test_default_ladder():
     assert default_ladder(True, 10) == [Rung(INT, 45.0, "tmux", "launcher"), Rung(TERM, 30.0, None, "all"),
                                         Rung(KILL, 10, None, "all")]
     assert parse_ladder(None, tmux=False, kill_timeout=5)[0] == Rung(INT, 45.0, None, "launcher")
+    assert default_ladder(True, 10, shutdown_timeout=120)[0] == Rung(INT, 180.0, "tmux", "launcher")
+
+
+@pytest.mark.parametrize("shutdown, timeouts, fitted, noted", [
+    (None, [10, 2, 5], [10, 2, 5], False),    # not torchrun: the ladder as given
+    (30.0, [60, 30, 10], [60, 30, 10], False),  # the role's 60 s already outlasts torchrun's 30 s
+    (30.0, [10, 30, 10], [45, 30, 10], True),   # Ctrl-C rung shorter than torchrun's own teardown
+    (2.0, [1, 2, 5], [7, 2, 5], True),          # TORCH_ELASTIC_SHUTDOWN_TIMEOUT=2: at least 5 s more
+])
+def test_fit_to_torchrun_lengthens_only_a_short_ctrl_c_rung(shutdown, timeouts, fitted, noted):
+    rungs = [Rung(INT, timeouts[0], "tmux", "launcher"), Rung(TERM, timeouts[1]), Rung(KILL, timeouts[2])]
+    out, notes = fit_to_torchrun(rungs, shutdown)
+    assert [r.timeout for r in out] == fitted and [r.signal for r in out] == [INT, TERM, KILL]
+    assert bool(notes) is noted and (not noted or "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in notes[0])
 
 
 def test_parse_ladder_defaults_to_and_caps_kill():
     rungs = parse_ladder([{"signal": "INT", "timeout": 5}, {"signal": 15, "timeout": "2.5"},
-                          {"signal": "KILL", "timeout": 60}, {"signal": "INT", "timeout": 1, "to": "all"}],
-                         tmux=False, kill_timeout=7)
-    assert [(r.signal, r.timeout, r.to) for r in rungs] == [(INT, 5, "launcher"), (TERM, 2.5, "all"), (KILL, 7, "all"),
-                                                            (INT, 1, "all")]
+                          {"signal": "KILL", "timeout": 60}], tmux=False, kill_timeout=7)
+    assert [(r.signal, r.timeout, r.to) for r in rungs] == [(INT, 5, "launcher"), (TERM, 2.5, "all"), (KILL, 7, "all")]
+    # (a second SIGINT rung, which this test also had, is refused since issue 11: see the error table)
+    assert [(r.signal, r.timeout, r.to) for r in parse_ladder([{"signal": "INT", "timeout": 1, "to": "all"}],
+                                                                tmux=False, kill_timeout=7)] == [(INT, 1, "all")]
 
 
 @pytest.mark.parametrize("raw, tmux, message", [
+    ([{"signal": "INT", "timeout": 60, "via": "tmux"}, {"signal": "INT", "timeout": 30}], True,
+     r"^ladder\[1\]: a second SIGINT \(Ctrl-C\) rung; torchrun restarts its shutdown on a second signal"),
+    ([{"signal": "INT", "timeout": 6}, {"signal": "TERM", "timeout": 3}, {"signal": 2, "timeout": 3}], False,
+     r"^ladder\[2\]: a second SIGINT"),
     ([], False, r"^ladder: must be a non-empty list"),
     ("SIGINT", False, r"^ladder: must be a non-empty list"),
     (["SIGINT"], False, r"^ladder\[0\]: each rung must be a dict"),

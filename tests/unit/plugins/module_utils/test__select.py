@@ -35,6 +35,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     tmux_capture_argv,
     tmux_list_panes_argv,
     top_of,
+    torchrun_shutdown_timeout,
 )
 
 PVE_CT200 = "0::/lxc/200/ns/user.slice\n"
@@ -381,3 +382,18 @@ def test_role_default_match_is_anchored_to_the_program_run(cmd, hit):
 def test_last_step_of_a_pane(text, regex, step):
     assert last_step(text, re.compile(regex)) == step
     assert tmux_capture_argv("%3", 50, "/tmp/s") == ["tmux", "-S", "/tmp/s", "capture-pane", "-p", "-J", "-t", "%3", "-S", "-50"]
+
+
+@pytest.mark.parametrize("cmd, environ, timeout", [
+    ("/venv/bin/python3 /venv/bin/torchrun --standalone --nproc_per_node=4 train.py", {}, 30.0),
+    ("torchrun --standalone train.py", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, 90.0),
+    ("torchrun --shutdown-timeout 12 train.py --shutdown-timeout 99", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, 12.0),
+    ("torchrun --shutdown_timeout=7 train.py", {}, 7.0),
+    ("torchrun train.py", {"PET_SHUTDOWN_TIMEOUT": "5", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, 5.0),
+    ("python3 -m torch.distributed.run --nproc-per-node 8 train.py", None, 30.0),  # environ not readable
+    ("torchrun train.py", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}, 30.0),
+    ("/venv/bin/python3 -u train.py", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, None),  # a rank, not the agent
+    ("tmux new-session -d -s dflash torchrun train.py", {}, None),
+])
+def test_torchrun_shutdown_timeout(cmd, environ, timeout):
+    assert torchrun_shutdown_timeout(cmd.split(), environ) == timeout
