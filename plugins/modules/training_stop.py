@@ -564,7 +564,7 @@ def main():
         torchrun_shutdown_timeout(m.info.cmdline, read_environ(m.pid)) for m in members if m.depth == 0) if value is not None]
     rungs, fit_notes = fit_to_torchrun(rungs, max(shutdown_timeouts) if shutdown_timeouts else None)
     result["plan"] = [rung.describe() for rung in rungs]
-    result["notes"] = selection.notes + fit_notes
+    result["notes"] = result["notes"] + selection.notes + fit_notes
     result["left_out"] = [{"pid": pid, "why": why, "cmdline": cmd} for pid, (why, cmd) in sorted(selection.left_out.items())]
     result["selected"] = [_member_dict(m) for m in members]
     if selection.refused:

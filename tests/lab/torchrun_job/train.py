@@ -16,7 +16,8 @@ Rank 0 prints ``step N`` lines (flushed) and ``saved step N PATH`` after each ch
 Signals: SIGINT and SIGTERM set a stop flag (the step in flight finishes; the ranks agree on the flag with
 an all-reduce, so no rank is left waiting in a collective), then rank 0 saves a checkpoint (stretched over
 ``--save-seconds`` in chunks, as a large save is) and every rank exits 0. With ``--ignore-signals`` the ranks
-ignore both and keep training; ``--ckpt-every K`` saves every K steps while training.
+ignore both (their DataLoader workers too) and keep training; ``--ckpt-every K`` saves every K steps while
+training.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def on_signal(signum, frame):
     STOP.append(signum)
 
 
+def ignore_in_worker(_worker_id: int) -> None:
+    """worker_init_fn for --ignore-signals: torch's DataLoader worker loop installs its own handlers, so
+    without this a SIGTERM to the process group kills the workers and with them their rank."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def save(model: torch.nn.Module, step: int, ckpt_dir: str, seconds: float) -> str:
     """torch.save into memory, written to ``<name>.tmp`` in chunks over ``seconds``, fsync, rename."""
     buffer = io.BytesIO()
@@ -92,7 +100,8 @@ def main(argv: list[str]) -> int:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
     loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data), num_workers=args.num_workers,
-                        persistent_workers=args.num_workers > 0)
+                        persistent_workers=args.num_workers > 0,
+                        worker_init_fn=ignore_in_worker if args.ignore_signals else None)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     os.makedirs(args.ckpt_dir, exist_ok=True)
