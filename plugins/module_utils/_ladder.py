@@ -519,6 +519,9 @@ def run_ladder(
                 # orphaned ranks) gets the signal torchrun would have forwarded, SIGINT to each process group.
                 report.via = None
                 report.errors.append("no tmux pane to send Ctrl-C to: SIGINT sent to the launchers instead")
+        elif rung.via == "tmux":
+            report.via = None  # the caller found the job in no pane (send_keys None): same fallback
+            report.errors.append("the job runs in no tmux pane: SIGINT sent to the launchers instead")
         if rung.via != "tmux" or send_keys is None or not panes:
             live = procs.live()
             targets = launcher_targets(live, root_pgids) if rung.to == "launcher" else live

@@ -644,7 +644,10 @@ def main():
 
     try:
         outcome = run_ladder(
-            rungs, procs, root_pgids=root_pgids, send_keys=send_keys, progress_paths=params["progress_paths"],
+            rungs, procs, root_pgids=root_pgids,
+            # Ctrl-C in a pane reaches only what runs in it: a job found otherwise (orphaned ranks
+            # found as GPU holders, the pane left at its prompt) gets SIGINT to its launchers instead
+            send_keys=send_keys if any(m.how == "tmux_session" for m in members) else None, progress_paths=params["progress_paths"],
             progress_stall=params["progress_stall"], max_grace=params["max_grace"], find_children=find_children,
             started=started, step_probe=step_probe,
         )
