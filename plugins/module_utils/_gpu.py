@@ -430,14 +430,14 @@ def merge_backend_processes(holders: list[Holder], sample: t.Optional[Sample], g
     return holders, foreign
 
 
-def classify_holders(holders: t.Sequence[Holder], gpus: t.Sequence[GpuInfo], ignore: t.Sequence[str],
+def classify_holders(holders: t.Sequence[Holder], gpus: t.Optional[t.Sequence[GpuInfo]], ignore: t.Sequence[str],
                      container: t.Optional[int],
                      lookup: t.Callable[[int], t.Optional[t.Any]] = lambda pid: None) -> tuple[list[Holder], list[Holder]]:
-    """Split into (counted, ignored); holders of unselected GPUs are dropped."""
-    wanted = {g.index for g in gpus}
+    """Split into (counted, ignored); holders of unselected GPUs are dropped (``gpus`` None: every GPU counts)."""
+    wanted = None if gpus is None else {g.index for g in gpus}
     counted, ignored = [], []
     for h in holders:
-        if h.gpu is not None and h.gpu not in wanted:
+        if wanted is not None and h.gpu is not None and h.gpu not in wanted:
             continue
         info = lookup(h.pid)
         argv = tuple(info.cmdline) if info is not None else tuple(h.cmdline.split(" ")[:1])

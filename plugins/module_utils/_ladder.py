@@ -47,6 +47,11 @@ TARGETS = ("launcher", "all")
 FALLBACK_POLL = 0.02
 PROGRESS_SAMPLE = 0.5
 PROGRESS_MAX_FILES = 10000
+# The step line a rank prints for the step in flight when the signal lands is not "still training";
+# more than this many steps past the one seen at the signal is.
+STEP_SLACK = 1
+# File timestamps come from the kernel's coarse clock (up to a tick behind time.time()).
+MTIME_SLACK_NS = 50_000_000
 
 
 class LadderError(Exception):
@@ -106,10 +111,21 @@ def _timeout(value: t.Any, option: str) -> float:
     return number
 
 
-def default_ladder(tmux: bool, kill_timeout: float) -> list[Rung]:
-    """Ctrl-C (tmux) or SIGINT to the launcher for 45 s (torchrun's own teardown is 30 s), SIGTERM all 30 s, SIGKILL."""
+def ctrl_c_wait(shutdown_timeout: float) -> float:
+    """The shortest Ctrl-C rung for a torchrun agent that waits ``shutdown_timeout`` for its ranks.
+
+    The agent forwards the signal to every rank's process group, waits that long, SIGKILLs what is left and
+    exits; the rung must outlast it, or the next rung's signal (the agent's second) restarts that wait and its
+    SIGTERM kills the DataLoader workers, aborting a save in progress. Half again as long, at least 5 s more.
+    """
+    return shutdown_timeout + max(5.0, shutdown_timeout / 2)
+
+
+def default_ladder(tmux: bool, kill_timeout: float, shutdown_timeout: float = 30.0) -> list[Rung]:
+    """Ctrl-C (tmux) or SIGINT to the launcher, outlasting torchrun's own teardown (45 s for its 30 s), SIGTERM all
+    30 s, SIGKILL."""
     return [
-        Rung(signal.SIGINT, 45.0, via="tmux" if tmux else None, to="launcher"),
+        Rung(signal.SIGINT, ctrl_c_wait(shutdown_timeout), via="tmux" if tmux else None, to="launcher"),
         Rung(signal.SIGTERM, 30.0, to="all"),
         Rung(signal.SIGKILL, kill_timeout, to="all"),
     ]
@@ -150,8 +166,28 @@ def parse_ladder(raw: t.Any, *, tmux: bool, kill_timeout: float) -> list[Rung]:
             raise LadderError("%s.to: must be 'launcher' or 'all', got %r" % (where, to))
         if sig == signal.SIGKILL:
             timeout = min(timeout, kill_timeout)
+        if sig == signal.SIGINT and any(rung.signal == signal.SIGINT for rung in rungs):
+            raise LadderError("%s: a second SIGINT (Ctrl-C) rung; torchrun restarts its shutdown on a second signal and "
+                              "exits at once on a third, orphaning its ranks: use one longer SIGINT rung, then SIGTERM "
+                              "and SIGKILL" % where)
         rungs.append(Rung(sig, timeout, via, to))
     return rungs
+
+
+def fit_to_torchrun(rungs: t.Sequence[Rung], shutdown_timeout: float | None) -> tuple[list[Rung], list[str]]:
+    """Lengthen a SIGINT rung shorter than :func:`ctrl_c_wait` of the job's torchrun (None: not torchrun)."""
+    if shutdown_timeout is None:
+        return list(rungs), []
+    wanted = ctrl_c_wait(shutdown_timeout)
+    fitted, notes = [], []
+    for index, rung in enumerate(rungs):
+        if rung.signal == signal.SIGINT and rung.timeout < wanted:
+            notes.append("ladder[%d]: SIGINT rung lengthened from %gs to %gs: the job's torchrun waits %gs "
+                         "(TORCH_ELASTIC_SHUTDOWN_TIMEOUT) for its ranks before killing them" % (
+                             index, rung.timeout, wanted, shutdown_timeout))
+            rung = Rung(rung.signal, wanted, rung.via, rung.to)
+        fitted.append(rung)
+    return fitted, notes
 
 
 # ---------------------------------------------------------------- progress
@@ -162,6 +198,11 @@ class ProgressScan:
 
     signature: frozenset  # (path, inode, size, mtime_ns) of every entry seen
     files: frozenset  # (st_dev, st_ino) of the regular files seen
+    file_mtimes: frozenset = frozenset()  # ((st_dev, st_ino), mtime_ns) of the regular files seen
+
+    def modified_since(self, wall_ns: int) -> set[tuple[int, int]]:
+        """The regular files written (or created) at or after ``wall_ns`` (ns since the epoch)."""
+        return {ident for ident, mtime_ns in self.file_mtimes if mtime_ns >= wall_ns}
 
 
 def progress_scan(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> ProgressScan:
@@ -173,7 +214,7 @@ def progress_scan(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> Pr
     short it leaves out old checkpoints, never the one being written.
     """
     seen: set[tuple[str, int, int, int]] = set()
-    files: set[tuple[int, int]] = set()
+    files: dict[tuple[int, int], int] = {}
     walked: set[tuple[int, int]] = set()
     stack: list[tuple[str, os.stat_result]] = []
     stats_left = 4 * limit  # listing a huge directory costs stats too; bounded all the same
@@ -186,7 +227,7 @@ def progress_scan(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> Pr
         path, st = stack.pop()
         seen.add((path, st.st_ino, st.st_size, st.st_mtime_ns))
         if stat.S_ISREG(st.st_mode):
-            files.add((st.st_dev, st.st_ino))
+            files[(st.st_dev, st.st_ino)] = st.st_mtime_ns
         if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) in walked:
             continue
         walked.add((st.st_dev, st.st_ino))
@@ -205,7 +246,7 @@ def progress_scan(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> Pr
         # oldest first on the stack, so the newest is popped (walked) first
         entries.sort(key=lambda entry: (entry[1].st_mtime_ns, entry[0]))
         stack.extend(entries)
-    return ProgressScan(frozenset(seen), frozenset(files))
+    return ProgressScan(frozenset(seen), frozenset(files), frozenset(files.items()))
 
 
 def progress_signature(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> frozenset:
@@ -346,6 +387,10 @@ class ProcessSet:
             time.sleep(min(timeout, FALLBACK_POLL))
         return gone
 
+    def write_holds(self) -> set[tuple[int, int, int]]:
+        """(pid, st_dev, st_ino) of every regular file a live member holds open for writing."""
+        return {(h.pid,) + ident for h in self.live() for ident in files_open_for_writing(h.pid, self.proc_root)}
+
     def writing_to(self, files: t.Container[tuple[int, int]]) -> list[int]:
         """Live members holding one of ``files`` (``(st_dev, st_ino)``) open for writing."""
         return [h.pid for h in self.live() if any(f in files for f in files_open_for_writing(h.pid, self.proc_root))]
@@ -373,6 +418,9 @@ class RungReport:
     errors: list[str] = field(default_factory=list)
     remaining: int = 0
     held_open: bool = False  # extended because the job kept a file under progress_paths open for writing
+    save_seen: bool = False  # a member wrote a file under progress_paths that it opened after this signal
+    training: bool = False  # the step counter kept advancing after this signal: no grace for this rung
+    steps: list[t.Any] = field(default_factory=list)  # [step at the signal, last step seen] from step_probe
 
     def as_dict(self) -> dict[str, t.Any]:
         return {
@@ -381,6 +429,7 @@ class RungReport:
             "waited": round(self.waited, 4),
             "extended_by": round(self.extended_by, 4), "exited": self.exited, "already_gone": self.already_gone,
             "errors": self.errors, "remaining": self.remaining, "held_open": self.held_open,
+            "save_seen": self.save_seen, "training": self.training, "steps": self.steps,
         }
 
 
@@ -411,18 +460,28 @@ def run_ladder(
     max_grace: float = 600.0,
     find_children: t.Callable[[t.Collection[int]], list[tuple[int, int, int]]] | None = None,
     started: float | None = None,
+    step_probe: t.Callable[[], int | None] | None = None,
+    wall: t.Callable[[], float] = time.time,
 ) -> LadderResult:
     """Climb the ladder until every held process is gone or the rungs run out.
 
     ``send_keys`` performs the tmux keystroke and returns (panes, errors).
     ``find_children(live_pids)`` returns (pid, starttime, pgid) of processes
     born to live members since the snapshot; they join before each later rung.
-    Each rung waits until its timeout, and past it only while a file under
-    ``progress_paths`` changed within ``progress_stall`` seconds, or, once a
-    change was seen in this rung, while a live member still holds a file under
-    them open for writing (a save that pauses between writes longer than
-    ``progress_stall``); never past ``max_grace`` from the rung's start
-    (SIGKILL rungs never extend).
+    Each rung waits until its timeout, and past it only for a save that
+    started after the rung's signal: a live member writing a file under
+    ``progress_paths`` that it opened after the signal, with that file's
+    mtime after the signal. Once such a save was seen in the rung, the rung
+    keeps waiting while files there change within ``progress_stall`` seconds
+    or a member still holds a file it opened after the signal (a save pausing
+    between writes). Files that merely change (a job ignoring the signal that
+    keeps writing its log or its periodic checkpoints into files it already
+    had open) never extend a rung. ``step_probe`` returns the job's current
+    step (from the tmux pane) or None: a job whose step counter advances more
+    than ``STEP_SLACK`` past the step seen at the signal is still training,
+    not shutting down, and gets no grace at all in that rung (a periodic
+    checkpoint it writes meanwhile is not a shutdown save). Never past
+    ``max_grace`` from the rung's start (SIGKILL rungs never extend).
     """
     clock = procs.clock
     t0 = clock() if started is None else started
@@ -440,14 +499,30 @@ def run_ladder(
                     late.append(pid)
         report = RungReport(rung.name, rung.via, rung.to, rung.timeout)
         reports.append(report)
+        watching = rung.signal not in UNCATCHABLE and bool(progress_paths or step_probe)
+        baseline = progress_scan(progress_paths).signature if watching and progress_paths else None
+        held_before = procs.write_holds() if baseline is not None else set()
+        inodes_before = {ino for _pid, _dev, ino in held_before}
+        step_at_signal = step_probe() if watching and step_probe is not None else None
+        if step_probe is not None and watching:
+            report.steps = [step_at_signal, step_at_signal]
+        signal_wall_ns = int(wall() * 1e9) - MTIME_SLACK_NS
         report.sent_at = clock() - t0
-        baseline = progress_scan(progress_paths).signature if progress_paths and rung.signal != signal.SIGKILL else None
+        panes: list[str] = []
         if rung.via == "tmux" and send_keys is not None:
             panes, errors = send_keys()
             report.targets = panes
             report.errors.extend(errors)
             signalled = signalled or bool(panes)
-        else:
+            if not panes:
+                # No pane to type Ctrl-C into (it closed with its launcher, killed -9): what is left (the
+                # orphaned ranks) gets the signal torchrun would have forwarded, SIGINT to each process group.
+                report.via = None
+                report.errors.append("no tmux pane to send Ctrl-C to: SIGINT sent to the launchers instead")
+        elif rung.via == "tmux":
+            report.via = None  # the caller found the job in no pane (send_keys None): same fallback
+            report.errors.append("the job runs in no tmux pane: SIGINT sent to the launchers instead")
+        if rung.via != "tmux" or send_keys is None or not panes:
             live = procs.live()
             targets = launcher_targets(live, root_pgids) if rung.to == "launcher" else live
             for handle in targets:  # depth order: the launcher before (or with) its workers
@@ -471,27 +546,43 @@ def run_ladder(
         next_sample = rung_start + sample_every
         while procs.live():
             now = clock()
-            if baseline is not None and (now >= next_sample or deadline.expired()):
+            if watching and (now >= next_sample or deadline.expired()):
                 # sampled on schedule, and again right when the timeout is reached, before deciding
-                scan = progress_scan(progress_paths)
-                if scan.signature != baseline:
+                step = step_probe() if step_probe is not None else None
+                if step is not None:
+                    if step_at_signal is None:
+                        step_at_signal = step
+                    report.steps = [step_at_signal, step]
+                    if step - step_at_signal > STEP_SLACK:
+                        report.training = True
+                if baseline is not None:
+                    scan = progress_scan(progress_paths)
+                    fresh = scan.modified_since(signal_wall_ns)
+                    opened_after = {(pid, dev, ino) for pid, dev, ino in procs.write_holds() - held_before
+                                    if (dev, ino) in scan.files}
+                    if any((dev, ino) in fresh for _pid, dev, ino in opened_after):
+                        report.save_seen = True
+                    # a file the job already held open for writing at the signal (its log) changing is not a save
+                    changed = any(entry[1] not in inodes_before for entry in scan.signature - baseline)
+                    if report.training:
+                        last_change = None  # still training: whatever it writes is not a shutdown save
+                    elif report.save_seen and changed:
+                        last_change = now
+                    elif report.save_seen and opened_after:
+                        # The save still holds a file it opened after the signal: pausing longer than
+                        # progress_stall between writes (the next shard serialized, an fsync under I/O
+                        # load) is still a save in progress. max_grace (cap) bounds this like any progress.
+                        last_change = now
+                        report.held_open = True
                     baseline = scan.signature
-                    last_change = now
-                elif last_change is not None and procs.writing_to(scan.files):
-                    # Seen progressing in this rung, and the job still holds a file under
-                    # progress_paths open for writing: a save pausing longer than progress_stall
-                    # between writes (the next shard being serialized, an fsync under I/O load)
-                    # is still a save in progress. max_grace (cap) bounds this like any progress.
-                    last_change = now
-                    report.held_open = True
                 next_sample = now + sample_every
             if deadline.expired():
                 if last_change is None or now - last_change > progress_stall or now >= cap:
                     break
-                # progress: a checkpoint is still being written, so this rung keeps waiting
+                # a save started after the signal is still being written, so this rung keeps waiting
                 deadline.extend_to(min(cap, last_change + progress_stall))
             wait = deadline.remaining()
-            if baseline is not None:
+            if watching:
                 wait = min(wait, max(0.0, next_sample - now))
             report.exited.extend(procs.reap_ready(wait))
         report.waited = clock() - rung_start

@@ -298,6 +298,25 @@ def iter_processes(proc_root: str = "/proc") -> t.Iterator[ProcessInfo]:
             yield info
 
 
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """``/proc/PID/environ`` (NUL-separated ``NAME=value``) as a dict."""
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name:
+            env[name.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def read_environ(pid: int, proc_root: str = "/proc") -> dict[str, str] | None:
+    """The environment ``pid`` started with; None when it is not readable (gone, or another user's)."""
+    try:
+        with open("%s/%d/environ" % (proc_root, pid), "rb") as handle:
+            return parse_environ(handle.read(1 << 20))
+    except OSError:
+        return None
+
+
 def ancestors_of(pid: int, proc_root: str = "/proc") -> list[int]:
     """PIDs from ``pid``'s parent up to PID 1 (the chain the caller must never signal)."""
     chain: list[int] = []

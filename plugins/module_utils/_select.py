@@ -31,6 +31,16 @@ The broad-match rule (``job_groups`` / ``broad_match_reason``)
     (a ``python`` regex that also hits a networkd-dispatcher-like daemon, or
     an editor with the training script in its arguments) is refused, with
     the list of groups, unless ``allow_broad_match``.
+
+What ``match`` never selects (``match_left_out``)
+    A tmux server keeps the command line of the ``tmux new-session ...
+    "torchrun ..."`` that started it, so a regex for the job hits it too; and
+    being an ancestor of the job, it would become the job's root, and SIGTERM
+    would end every session on the node. So a hit is left out (with the
+    reason, in the plan) when it is a terminal multiplexer (tmux/screen
+    server or client), an interactive shell (a terminal's prompt), or an
+    ancestor of a pane process (a child of a tmux server, or a pane of
+    ``tmux_session``). The job in the pane is still a hit of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import os
 import re
 import subprocess
 import typing as t
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     ProcError,
@@ -176,6 +186,39 @@ def tmux_send_keys_argv(pane_id: str, keys: str = "C-c", socket: str | None = No
     return argv + ["send-keys", "-t", pane_id, keys]
 
 
+def tmux_capture_argv(pane_id: str, lines: int = 50, socket: str | None = None, tmux: str = "tmux") -> list[str]:
+    argv = [tmux]
+    if socket:
+        argv += ["-S", socket]
+    return argv + ["capture-pane", "-p", "-J", "-t", pane_id, "-S", "-%d" % lines]
+
+
+def last_step(text: str, step_regex: t.Pattern[str]) -> int | None:
+    """The step number of the last line ``step_regex`` finds in ``text`` (its first group, else the first number)."""
+    found = None
+    for hit in step_regex.finditer(text):
+        digits = re.search(r"\d+", hit.group(1) if hit.groups() and hit.group(1) else hit.group(0))
+        if digits:
+            found = int(digits.group(0))
+    return found
+
+
+def tmux_step(panes: t.Sequence[Pane], step_regex: t.Pattern[str], socket: str | None = None, timeout: float = 5.0) -> int | None:
+    """The highest last step line shown in ``panes`` (None without one, or when the panes are gone)."""
+    steps = []
+    for pane in panes:
+        try:
+            done = subprocess.run(tmux_capture_argv(pane.pane_id, socket=socket), stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=timeout, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0:
+            step = last_step(done.stdout.decode(errors="replace"), step_regex)
+            if step is not None:
+                steps.append(step)
+    return max(steps) if steps else None
+
+
 def parse_panes(text: str, session: str) -> list[Pane]:
     """Panes of exactly ``session`` from ``list-panes -a`` output (``%id<TAB>pid<TAB>session``)."""
     panes = []
@@ -238,6 +281,54 @@ def program_of(cmdline: t.Sequence[str]) -> str:
     return name
 
 
+_MULTIPLEXERS = frozenset(("tmux", "screen", "SCREEN", "zellij", "dtach", "abduco"))
+
+
+def is_multiplexer(info: ProcessInfo) -> bool:
+    """A tmux/screen server or client (``comm`` is ``tmux: server`` for tmux's server)."""
+    if info.comm.split(":")[0] in _MULTIPLEXERS:
+        return True
+    return bool(info.cmdline) and os.path.basename(info.cmdline[0]) in _MULTIPLEXERS
+
+
+def is_tmux_server(info: ProcessInfo) -> bool:
+    # tmux names its server process "tmux: server" (comm, 15 bytes) but leaves its argv alone
+    return info.comm.startswith("tmux: serv")
+
+
+TORCHRUN_PROGRAMS = frozenset(("torchrun", "-m torch.distributed.run", "-m torch.distributed.launch"))
+TORCHRUN_SHUTDOWN_DEFAULT = 30.0  # torch/distributed/launcher/api.py: LaunchConfig.shutdown_timeout
+
+
+def torchrun_shutdown_timeout(cmdline: t.Sequence[str], environ: t.Mapping[str, str] | None) -> float | None:
+    """How long a torchrun agent waits for its ranks after a signal before SIGKILLing them; None if not torchrun.
+
+    As torch/distributed/run.py and launcher/api.py decide it: ``--shutdown-timeout``/``--shutdown_timeout``
+    (or its ``PET_SHUTDOWN_TIMEOUT`` environment twin), else ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30 s.
+    An unreadable environment (another user's process) gives the default.
+    """
+    if os.path.basename(program_of(cmdline)) not in TORCHRUN_PROGRAMS and program_of(cmdline) not in TORCHRUN_PROGRAMS:
+        return None
+    env = environ or {}
+    value: str | None = None
+    args = list(cmdline)
+    for index, arg in enumerate(args):
+        for flag in ("--shutdown-timeout", "--shutdown_timeout"):
+            if arg == flag and index + 1 < len(args):
+                value = args[index + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+        if arg in ("--", "-m") or (not arg.startswith("-") and arg.endswith(".py")):
+            break  # the training script's own arguments start here
+    for candidate in (value, env.get("PET_SHUTDOWN_TIMEOUT"), env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")):
+        if candidate is not None:
+            try:
+                return max(0.0, float(candidate))
+            except ValueError:
+                continue
+    return TORCHRUN_SHUTDOWN_DEFAULT
+
+
 _SHELLS = frozenset(("sh", "bash", "dash", "zsh", "ksh", "mksh", "fish", "tcsh", "csh", "yash"))
 
 
@@ -289,6 +380,37 @@ def pane_roots(panes: t.Sequence[Pane], table: t.Mapping[int, ProcessInfo]) -> t
             "its shells (pids %s) are" % ", ".join(str(pid) for pid in shells),
             "what runs in it is the job" if kids else "nothing runs in it"))
     return roots, notes
+
+
+def match_left_out(
+    hits: t.Iterable[int], table: t.Mapping[int, ProcessInfo], panes: t.Sequence[Pane] = (),
+) -> dict[int, str]:
+    """Of the ``match`` hits, those never selected through ``match``, with the reason (pure).
+
+    See the module docstring: tmux/screen servers and clients, interactive shells, and ancestors
+    of a pane process (a child of a tmux server, or a pane of ``tmux_session``).
+    """
+    pane_pids = {pane.pid for pane in panes if pane.pid in table}
+    pane_pids.update(pid for pid, info in table.items() if info.ppid in table and is_tmux_server(table[info.ppid]))
+    above_panes: set[int] = set()
+    for pid in pane_pids:
+        seen = {pid}
+        current = table[pid].ppid
+        while current in table and current not in seen:  # bounded: each pid once
+            above_panes.add(current)
+            seen.add(current)
+            current = table[current].ppid
+    left_out: dict[int, str] = {}
+    for pid in sorted(set(hits)):
+        info = table[pid]
+        if is_multiplexer(info):
+            left_out[pid] = ("a tmux server, which runs every session on the node" if is_tmux_server(info)
+                             else "a terminal multiplexer (%s), not the job" % (info.comm or "?"))
+        elif is_interactive_shell(info.cmdline):
+            left_out[pid] = "an interactive shell (a terminal's prompt), not the job"
+        elif pid in above_panes:
+            left_out[pid] = "an ancestor of a tmux pane's process, not the job"
+    return left_out
 
 
 def protected_pids(table: t.Mapping[int, ProcessInfo], self_pid: int, ancestors: t.Iterable[int]) -> set[int]:
@@ -421,6 +543,7 @@ class Selection:
     notes: list[str]
     refused: str = ""
     seen: frozenset = frozenset()  # (pid, starttime) of every process in the table the selection was made from
+    left_out: dict = field(default_factory=dict)  # pid -> (why, command line): matched but never selected
 
 
 def late_children(
@@ -458,6 +581,7 @@ def select(
     container: int | None = None,
     excludes: t.Sequence[t.Pattern[str]] = (),
     allow_broad_match: bool = False,
+    gpu_holders: t.Sequence[int] = (),
 ) -> Selection:
     """Pure: roots from every selector, the tree closure, the never-select rules and the broad-match rule.
 
@@ -488,14 +612,24 @@ def select(
             roots.setdefault(pid_file_pid, "pid_file")
         else:
             notes.append("pid_file: pid %d is not running" % pid_file_pid)
+    for pid in gpu_holders:
+        # a process holding a GPU device file: with no launcher left (killed -9, OOM) these are the job's ranks
+        if pid in table:
+            roots.setdefault(pid, "gpu_holder")
     roots_in_panes, pane_notes = pane_roots(panes, table)
     notes.extend(pane_notes)
     for pid in roots_in_panes:
         roots.setdefault(pid, "tmux_session")
     refused = ""
     hits: list[int] = []
+    left_out: dict[int, tuple[str, str]] = {}
     if match is not None or (container is not None and not (pids or pid_file_pid or panes)):
         hits = [pid for pid, info in table.items() if allowed(info) and (match is None or match.search(command_of(info)))]
+        if match is not None:
+            for pid, why in match_left_out(hits, table, panes).items():
+                left_out[pid] = (why, command_of(table[pid])[:200])
+                notes.append("match: pid %d left out, %s: %s" % (pid, why, command_of(table[pid])[:200]))
+            hits = [pid for pid in hits if pid not in left_out]
         groups = job_groups(hits, table)
         if not allow_broad_match:
             refused = broad_match_reason(groups, table)
@@ -506,7 +640,7 @@ def select(
     for pid in hits:
         if pid in members and members[pid].how in ("child", "group", "session"):
             members[pid] = replace(members[pid], how="match" if match is not None else "container")
-    return Selection(members, list(panes), notes, refused)
+    return Selection(members, list(panes), notes, refused, left_out=left_out)
 
 
 def snapshot(
@@ -519,6 +653,7 @@ def snapshot(
     container: int | None = None,
     exclude: t.Sequence[str] = (),
     allow_broad_match: bool = False,
+    gpu_holders: t.Sequence[int] = (),
     proc_root: str = "/proc",
 ) -> Selection:
     """Read the system and select (the only impure entry point besides the readers)."""
@@ -543,7 +678,7 @@ def snapshot(
     if container is not None and not (pids or pid_file_pid or panes or regex):
         candidates: t.Iterable[int] = list(table)
     else:
-        seeds = {pid for pid in list(pids) + [pid_file_pid or 0] if pid in table}
+        seeds = {pid for pid in list(pids) + [pid_file_pid or 0] + list(gpu_holders) if pid in table}
         seeds.update(pane_roots(panes, table)[0])
         seeds.update(pane.pid for pane in panes if pane.pid in table)
         if regex is not None:
@@ -557,7 +692,7 @@ def snapshot(
     selection = select(
         table=table, self_pid=self_pid, ancestors=ancestors_of(self_pid, proc_root), pids=pids,
         pid_file_pid=pid_file_pid, match=regex, panes=panes, container=container, excludes=excludes,
-        allow_broad_match=allow_broad_match,
+        allow_broad_match=allow_broad_match, gpu_holders=gpu_holders,
     )
     selection.notes[:0] = notes
     selection.seen = frozenset(info.identity for info in table.values())

@@ -67,6 +67,11 @@ options:
     description:
       - A Python regular expression searched in each process's full command line (arguments joined by
         spaces). The topmost hits become the roots.
+      - A hit that is a terminal multiplexer (a tmux server, which keeps the command line of the
+        C(tmux new-session ... "torchrun ...") that started it, or a tmux/screen client), an interactive shell
+        (a terminal's prompt), or an ancestor of a tmux pane's process is never selected through I(match); it is
+        listed in RV(left_out) with the reason. Anchor the regex to the program run (for example
+        V(^(\S*/)?torchrun\s)) rather than searching anywhere in a command line.
       - If the hits form several unrelated process trees (different programs, users or parents; for
         example V(python) on a host running networkd-dispatcher, or an editor with the training script
         open) the module fails listing them, unless I(allow_broad_match=true). Several trees of the same
@@ -115,21 +120,63 @@ options:
       - A SIGKILL rung waits at most I(kill_timeout).
       - "Default: C([{signal: SIGINT, timeout: 45, via: tmux}, {signal: SIGTERM, timeout: 30}, {signal: SIGKILL, timeout: 10}])
         (without C(via) when I(tmux_session) is unset; the SIGKILL rung waits I(kill_timeout))."
+      - At most one SIGINT rung (Ctrl-C); a torchrun agent restarts its shutdown on a second signal and exits at
+        once on a third, orphaning its ranks.
+      - When a selected root is a torchrun agent (C(torchrun), C(python -m torch.distributed.run)), a SIGINT rung
+        shorter than its shutdown timeout plus half of it (at least 5 s more) is lengthened to that, with a note;
+        the agent waits that long for its ranks before killing them, and a signal sent meanwhile would restart the
+        wait with SIGTERM, which kills the DataLoader workers and aborts a save in progress. The shutdown timeout is
+        read from the agent's C(--shutdown-timeout), else C(PET_SHUTDOWN_TIMEOUT) or
+        C(TORCH_ELASTIC_SHUTDOWN_TIMEOUT) in its C(/proc/PID/environ), else 30 s (so 45 s by default).
     type: list
     elements: dict
+  gpu_devices:
+    description:
+      - Shell-style patterns of GPU device files (for example V(/dev/nvidia*)). Processes holding one of them open
+        (a C(fuser)-like scan of C(/proc), scoped to I(container) when set; C(nvidia-smi), C(nvidia-persistenced)
+        and other driver tools do not count) are what keeps the GPUs busy.
+      - With I(gpu_holders=stop) they join the selection as roots (C(how=gpu_holder)), with everything that
+        belongs to them; this finds the ranks of a job whose launcher is gone (killed with C(-9), OOM), which keep
+        training with their tmux pane closed and match no launcher regex.
+      - Whatever I(gpu_holders) says, the module fails naming them when nothing was selected but processes hold
+        a GPU device (before any signal), or when any holder remains after the ladder; it never reports success,
+        or "nothing to do", while the GPUs are held.
+      - Empty list (the default) to not look.
+    type: list
+    elements: str
+    default: []
+  gpu_holders:
+    description:
+      - What to do with processes holding I(gpu_devices) that no other selector selected. V(fail) never signals
+        them, the module fails naming them (before any signal when nothing else was selected, else after the
+        ladder). V(stop) selects them.
+    type: str
+    choices: [fail, stop]
+    default: fail
   progress_paths:
     description:
-      - Files or directories (searched recursively, following symlinks, up to 10000 entries, newest first) whose
-        entries appearing, being renamed, or changing size or modification time means the job is still making
-        progress, typically the checkpoint directory.
-      - While they changed within I(progress_stall) seconds, a rung other than SIGKILL waits past its timeout,
-        up to I(max_grace) after the rung started.
-      - Once a change was seen during a rung, the rung also keeps waiting (still up to I(max_grace)) while a
-        selected process holds a file under them open for writing, so a save that pauses between writes for
-        longer than I(progress_stall) (the next shard being serialized, an fsync under I/O load) is not cut short.
+      - Files or directories (searched recursively, following symlinks, up to 10000 entries, newest first), typically
+        the checkpoint directory, where a save started after a signal shows.
+      - A rung other than SIGKILL waits past its timeout (up to I(max_grace) after it started) only for a save that
+        started after its signal, that is a selected process writing a file under them that it opened after the
+        signal, with the file modified after the signal. Once such a save was seen, the rung keeps waiting while
+        entries there appear, are renamed, or change size or modification time within I(progress_stall) seconds,
+        or while a selected process still holds a file it opened after the signal (a save that pauses between
+        writes for longer than I(progress_stall)).
+      - Files that merely keep changing (a job ignoring the signal writing its log through a file it already held
+        open) never extend a rung, and no rung is extended while the job is still training (see I(step_regex)).
     type: list
     elements: path
     default: []
+  step_regex:
+    description:
+      - With I(tmux_session), a Python regular expression finding the job's step lines in the panes (its first group,
+        else the first number in the hit, is the step). A job whose step counter advances more than one step past
+        the one shown at a rung's signal is still training, not shutting down, so that rung gets no grace from
+        I(progress_paths) (the periodic checkpoints of a job that ignores the signal are not a shutdown save).
+      - Empty string to not read steps.
+    type: str
+    default: '\bstep\s+(\d+)'
   progress_stall:
     description:
       - Seconds without any change under I(progress_paths) (and no file there held open for writing by the job)
@@ -141,6 +188,23 @@ options:
       - Longest a rung may wait, in seconds from when it was sent, while progress is seen.
     type: float
     default: 600
+  lock_dir:
+    description:
+      - Directory of the run lock and of the last ladder's record (created when missing). One ladder at a time per
+        container and selection (I(pids), I(pid_file), I(match), I(tmux_session), I(tmux_socket), I(container),
+        I(gpu_devices)), so the module holds a C(flock) on C(<lock_dir>/training_stop-<key>.lock) from before its
+        snapshot to its end (the kernel drops it when the module dies, however it dies), and writes the ladder's
+        record (running, then its outcome) to C(<key>.json) next to it.
+      - A run that finds the lock held waits for it, up to I(lock_timeout), then reports the ladder it waited for
+        in RV(previous); past I(lock_timeout) it fails naming that run (its PID, when it started, its selection)
+        and signals nothing. Check mode never waits; it notes a ladder running now.
+    type: path
+    default: /run/gpuops-repurpose
+  lock_timeout:
+    description:
+      - Longest wait, in seconds, for another ladder on the same selection to end.
+    type: float
+    default: 300
   kill_timeout:
     description:
       - Longest wait for processes to vanish after SIGKILL. Survivors are then reported as unkillable.
@@ -204,7 +268,7 @@ selected:
   contains:
     how:
       description: >-
-        Why it was selected: C(pids), C(pid_file), C(match), C(tmux_session), C(container) for roots and hits;
+        Why it was selected: C(pids), C(pid_file), C(match), C(tmux_session), C(container), C(gpu_holder) for roots and hits;
         C(child), C(group), C(session) for members reached from them.
       type: str
       returned: always
@@ -252,6 +316,36 @@ late_children:
   returned: always
   type: list
   elements: int
+gpu_holders:
+  description: Processes holding I(gpu_devices) that were not selected (before the ladder), or that still hold
+    them after it; empty on success.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 5120, name: python3, cmdline: "python3 -u train.py", gpu: 0, device: /dev/nvidia0}]
+left_out:
+  description: Processes I(match) hit but that are never selected through it, with the reason (a tmux server,
+    a tmux/screen client, an interactive shell, an ancestor of a tmux pane's process).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 4100, why: "a tmux server, which runs every session on the node",
+            cmdline: "tmux new-session -d -s dflash torchrun --standalone train.py"}]
+previous:
+  description: The record of the last ladder climbed for this selection (by an earlier run, possibly one that was
+    waited for, or one nobody watched because its ansible-playbook was killed), read before this run's snapshot.
+    C(state) is C(done), C(failed), C(running) (still going; check mode only) or C(interrupted) (its process died
+    part-way); with C(pid), C(started), C(finished), C(selected), C(stopped_by), C(survivors), C(msg). Null when
+    there is none.
+  returned: always
+  type: dict
+  sample: {state: done, pid: 4242, started: 1767225600.1, finished: 1767225671.9, selected: [5120, 5121],
+           stopped_by: SIGKILL, survivors: [], msg: ""}
+lock_waited:
+  description: Seconds this run waited for another ladder on the same selection.
+  returned: always
+  type: float
+  sample: 0.0
 notes:
   description: Things worth knowing about the selection (missing tmux session, PIDs not running, a reused PID).
   returned: always
@@ -268,20 +362,35 @@ elapsed:
   sample: 3.62
 """
 
+import fcntl  # noqa: E402
 import math  # noqa: E402
+import os  # noqa: E402
 import pwd  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import (  # noqa: E402
+    DEFAULT_IGNORE_PROCESSES,
+    classify_holders,
+    scan_holders,
+)
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (  # noqa: E402
     LadderError,
     ProcessSet,
     describe_process,
+    fit_to_torchrun,
     parse_ladder,
     run_ladder,
     stat_children,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_environ  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (  # noqa: E402
+    RunLock,
+    RunLockError,
+    describe_holder,
+    lock_key,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (  # noqa: E402
     SelectError,
@@ -292,6 +401,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import ( 
     snapshot,
     tmux_panes,
     tmux_send_keys_argv,
+    tmux_step,
+    torchrun_shutdown_timeout,
 )
 
 SELECTORS = ["pids", "pid_file", "match", "tmux_session", "container"]
@@ -333,6 +444,47 @@ def _check_numbers(module):
         module.fail_json(msg="tmux_session: must be a session name, got an empty string")
 
 
+def _gpu_holders(params, ignore_pids=()):
+    """Processes holding params['gpu_devices'] in scope, one dict per pid (driver tools and ``ignore_pids`` left out)."""
+    if not params["gpu_devices"]:
+        return []
+    found = scan_holders(params["gpu_devices"], exclude_pids={os.getpid()})
+    counted, _ignored = classify_holders(found, None, DEFAULT_IGNORE_PROCESSES, params["container"])
+    by_pid = {}
+    for holder in counted:
+        if holder.pid not in ignore_pids:
+            by_pid.setdefault(holder.pid, {"pid": holder.pid, "name": holder.name, "cmdline": holder.cmdline,
+                                           "gpu": holder.gpu, "device": holder.device})
+    return [by_pid[pid] for pid in sorted(by_pid)]
+
+
+def _holders_text(holders):
+    return "; ".join("pid %(pid)d %(name)s on %(device)s: %(cmdline)s" % h for h in holders[:20]) + (
+        " ... and %d more" % (len(holders) - 20) if len(holders) > 20 else "")
+
+
+LOCK_KEY_OPTIONS = ("pids", "pid_file", "match", "tmux_session", "tmux_socket", "container", "gpu_devices")
+
+
+def _selection_text(params):
+    return ", ".join("%s=%s" % (option, params[option]) for option in LOCK_KEY_OPTIONS if params[option])
+
+
+def _locked_elsewhere(lock):
+    """Check mode's peek: is a ladder holding the lock now? (never waits, never takes it for long)"""
+    try:
+        fd = os.open(lock.lock_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def main():
     started = time.monotonic()
     module = AnsibleModule(
@@ -348,8 +500,13 @@ def main():
             ladder=dict(type="list", elements="dict"),
             progress_paths=dict(type="list", elements="path", default=[]),
             progress_stall=dict(type="float", default=10.0),
+            step_regex=dict(type="str", default=r"\bstep\s+(\d+)"),
+            gpu_devices=dict(type="list", elements="str", default=[]),
+            gpu_holders=dict(type="str", default="fail", choices=["fail", "stop"]),
             max_grace=dict(type="float", default=600.0),
             kill_timeout=dict(type="float", default=10.0),
+            lock_dir=dict(type="path", default="/run/gpuops-repurpose"),
+            lock_timeout=dict(type="float", default=300.0),
         ),
         required_one_of=[SELECTORS],
         mutually_exclusive=[["tmux_session", "container"]],
@@ -357,10 +514,21 @@ def main():
     )
     params = module.params
     result = dict(changed=False, selected=[], plan=[], rungs=[], stopped_by=None, stopped_by_index=None,
-                  survivors=[], unkillable=[], late_children=[], notes=[], pidfd=False, elapsed=0.0)
+                  survivors=[], unkillable=[], late_children=[], notes=[], left_out=[], gpu_holders=[], previous=None, lock_waited=0.0, pidfd=False,
+                  elapsed=0.0)
+    lock = RunLock(params["lock_dir"], lock_key({option: params[option] for option in LOCK_KEY_OPTIONS}))
+    climbing = []  # set once this run recorded a ladder as running: its outcome is recorded at the end
 
     def finish(failed_msg=None):
         result["elapsed"] = round(time.monotonic() - started, 4)
+        if climbing:
+            try:
+                lock.record(dict(climbing[0], state="failed" if failed_msg else "done", msg=failed_msg or "",
+                                 finished=time.time(), stopped_by=result["stopped_by"], survivors=result["survivors"],
+                                 gpu_holders=[h["pid"] for h in result["gpu_holders"]], elapsed=result["elapsed"]))
+            except OSError as exc:
+                result["notes"].append("could not record this ladder's outcome in %s: %s" % (lock.state_path, exc))
+        lock.release()
         if failed_msg:
             module.fail_json(msg=failed_msg, **result)
         module.exit_json(**result)
@@ -368,20 +536,60 @@ def main():
     _check_numbers(module)
     try:
         rungs = parse_ladder(params["ladder"], tmux=bool(params["tmux_session"]), kill_timeout=params["kill_timeout"])
+        step_regex = compile_regex("step_regex", params["step_regex"]) if params["tmux_session"] and params["step_regex"] else None
+        if module.check_mode:
+            holder = lock.holder() if _locked_elsewhere(lock) else None
+            if holder is not None:
+                result["notes"].append("a ladder is running now for this selection: %s" % describe_holder(holder, time.time()))
+        else:
+            # before the snapshot: a second run sees the job as the first ladder left it
+            lock.acquire(params["lock_timeout"], {"pid": os.getpid(), "started": time.time(),
+                                                  "selection": _selection_text(params)})
+            result["lock_waited"] = round(lock.waited, 3)
+            if lock.waited_for:
+                result["notes"].append("waited %.1fs for %s" % (lock.waited, lock.waited_for))
+        result["previous"] = lock.previous()
+        holders_before = _gpu_holders(params)
         selection = snapshot(
             pids=params["pids"] or [], pid_file=params["pid_file"], match=params["match"],
             tmux_session=params["tmux_session"], tmux_socket=params["tmux_socket"], container=params["container"],
             exclude=params["exclude"], allow_broad_match=params["allow_broad_match"],
+            gpu_holders=[h["pid"] for h in holders_before] if params["gpu_holders"] == "stop" else [],
         )
-    except (LadderError, SelectError) as exc:
+    except (LadderError, SelectError, RunLockError) as exc:
+        lock.release()
         module.fail_json(msg=str(exc), **result)
-    result["plan"] = [rung.describe() for rung in rungs]
-    result["notes"] = selection.notes
     members = sorted(selection.members.values(), key=lambda m: (m.depth, m.pid))
+    shutdown_timeouts = [value for value in (
+        torchrun_shutdown_timeout(m.info.cmdline, read_environ(m.pid)) for m in members if m.depth == 0) if value is not None]
+    rungs, fit_notes = fit_to_torchrun(rungs, max(shutdown_timeouts) if shutdown_timeouts else None)
+    result["plan"] = [rung.describe() for rung in rungs]
+    result["notes"] = result["notes"] + selection.notes + fit_notes
+    result["left_out"] = [{"pid": pid, "why": why, "cmdline": cmd} for pid, (why, cmd) in sorted(selection.left_out.items())]
     result["selected"] = [_member_dict(m) for m in members]
     if selection.refused:
         finish(selection.refused)
+    unselected = [h for h in holders_before if h["pid"] not in selection.members]
+    if unselected and not members:
+        # never "nothing to do" while something holds the GPUs: with the launcher gone (killed -9, OOM)
+        # these are its orphaned ranks, training on with their tmux pane closed
+        result["gpu_holders"] = unselected
+        finish("nothing was selected, but %d process(es) hold GPU devices (%s), likely the orphaned ranks of a "
+               "launcher that is gone: %s. Nothing was signalled. Select them (pids, match), or set gpu_holders: "
+               "stop to stop every GPU holder%s." % (
+                   len(unselected), ", ".join(params["gpu_devices"]), _holders_text(unselected),
+                   " in CT %d" % params["container"] if params["container"] else ""))
+    if unselected:
+        result["notes"].append("%d process(es) outside the selection hold GPU devices: %s" % (
+            len(unselected), _holders_text(unselected)))
     if not members:
+        previous = result["previous"]
+        if previous and previous.get("state") in ("done", "failed", "interrupted"):
+            result["notes"].append("nothing selected now; the last ladder for this selection (pid %s, %s) %s" % (
+                previous.get("pid"), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(previous.get("finished") or previous.get("started") or 0)),
+                "was interrupted before it finished" if previous["state"] == "interrupted" else
+                "stopped the job with %s" % previous["stopped_by"] if previous.get("stopped_by") else
+                "ended: %s" % (previous.get("msg") or "nothing was left to stop")))
         finish()
     if module._diff:
         result["diff"] = dict(before=_diff_lines(result["selected"]), after="")
@@ -396,6 +604,12 @@ def main():
         if tpgid > 0 and any(o.info.pgid == tpgid for o in members):
             root_pgids.add(tpgid)
 
+    climbing.append({"pid": os.getpid(), "started": time.time(), "selection": _selection_text(params),
+                     "selected": [m.pid for m in members]})
+    try:
+        lock.record(dict(climbing[0], state="running"))
+    except OSError as exc:
+        result["notes"].append("could not record this ladder in %s: %s" % (lock.state_path, exc))
     procs = ProcessSet()
     result["pidfd"] = procs.use_pidfd
     for m in members:
@@ -419,15 +633,23 @@ def main():
         return sent, errors
 
     excludes = [compile_regex("exclude", pattern) for pattern in params["exclude"]]
+    step_probe = None
+    if step_regex is not None:
+
+        def step_probe():
+            return tmux_step(tmux_panes(params["tmux_session"], params["tmux_socket"])[0], step_regex, params["tmux_socket"])
 
     def find_children(parents):
         return late_children(stat_children(parents), selection.seen, excludes)
 
     try:
         outcome = run_ladder(
-            rungs, procs, root_pgids=root_pgids, send_keys=send_keys, progress_paths=params["progress_paths"],
+            rungs, procs, root_pgids=root_pgids,
+            # Ctrl-C in a pane reaches only what runs in it: a job found otherwise (orphaned ranks
+            # found as GPU holders, the pane left at its prompt) gets SIGINT to its launchers instead
+            send_keys=send_keys if any(m.how == "tmux_session" for m in members) else None, progress_paths=params["progress_paths"],
             progress_stall=params["progress_stall"], max_grace=params["max_grace"], find_children=find_children,
-            started=started,
+            started=started, step_probe=step_probe,
         )
     finally:
         procs.close()
@@ -435,8 +657,8 @@ def main():
     result["rungs"] = [r.as_dict() for r in outcome.rungs]
     result["late_children"] = outcome.late_children
     if outcome.stopped_by is not None:
-        rung = rungs[outcome.stopped_by]
-        result["stopped_by"] = rung.name + (" via tmux" if rung.via == "tmux" else "")
+        rung = outcome.rungs[outcome.stopped_by]  # as climbed: a Ctrl-C rung with no pane left sent SIGINT itself
+        result["stopped_by"] = rung.signal + (" via tmux" if rung.via == "tmux" else "")
         result["stopped_by_index"] = outcome.stopped_by
     elif not outcome.rungs:
         result["notes"].append("every selected process exited before the first signal")
@@ -464,6 +686,11 @@ def main():
                        "; ".join("pid %(pid)s state %(state)s wchan %(wchan)s: %(cmdline)s" % d for d in details)))
         finish("the ladder ended with %d process(es) still running (%s); add a SIGKILL rung or longer timeouts" % (
             len(details), ", ".join(str(d["pid"]) for d in details)))
+    holders_after = _gpu_holders(params)
+    if holders_after:
+        result["gpu_holders"] = holders_after
+        finish("the selected processes are gone, but %d process(es) outside the selection still hold GPU devices: "
+               "%s" % (len(holders_after), _holders_text(holders_after)))
     finish()
 
 

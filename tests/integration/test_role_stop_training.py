@@ -345,6 +345,29 @@ def test_gpu_memory_never_freed_fails_naming_holder_then_restart_rung_recovers(l
     assert lab_status()["containers"]["200"] == "running"
 
 
+def test_orphaned_ranks_of_a_killed_launcher_are_named_never_success_then_stopped(lab):
+    """Issue 11: the launcher is killed -9; its workers keep holding the GPUs and (as real torchrun ranks)
+    match no launcher regex. The role names them and fails; with stop_training_gpu_holders=stop it stops them."""
+    trainer("graceful")
+    procs = ct_processes(lab)
+    launcher = [pid for pid, args in procs.items() if TRAINER_RE.search(args) and "--worker" not in args]
+    assert len(launcher) == 1, procs
+    ct(lab, "kill", "-9", str(launcher[0]))
+    workers = wait_for(lambda: trainer_pids(lab) - set(launcher) if not (set(launcher) & trainer_pids(lab)) else None,
+                       30, "the launcher gone, its workers left")
+    no_match = {"stop_training_match": "", "stop_training_gpu_timeout": 4}
+    rc, out = play(no_match)
+    assert rc != 0, out
+    assert "orphaned ranks" in out and all("pid %d" % pid in out for pid in workers), out
+    assert "training stopped, GPUs free" not in out
+    assert trainer_pids(lab) == workers, "fail never signals them"
+
+    rc, out = play(dict(no_match, stop_training_gpu_holders="stop", stop_training_gpu_timeout=30))
+    assert rc == 0, out
+    assert "training stopped, GPUs free" in out
+    assert not trainer_pids(lab) and max(gpu_used(lab).values()) <= 512
+
+
 def ct_init_pid(status: dict) -> int | None:
     """CT200's init as a host PID (lxc-info on the lab's lxcpath): a new one means the container really restarted."""
     done = subprocess.run(["lxc-info", "-P", status["lxcpath"], "-n", "200", "-p", "-H"],

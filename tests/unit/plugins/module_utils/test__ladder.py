@@ -16,6 +16,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     Rung,
     default_ladder,
     describe_process,
+    fit_to_torchrun,
     launcher_targets,
     parse_ladder,
     parse_signal,
@@ -62,17 +63,36 @@ def test_default_ladder():
     assert default_ladder(True, 10) == [Rung(INT, 45.0, "tmux", "launcher"), Rung(TERM, 30.0, None, "all"),
                                         Rung(KILL, 10, None, "all")]
     assert parse_ladder(None, tmux=False, kill_timeout=5)[0] == Rung(INT, 45.0, None, "launcher")
+    assert default_ladder(True, 10, shutdown_timeout=120)[0] == Rung(INT, 180.0, "tmux", "launcher")
+
+
+@pytest.mark.parametrize("shutdown, timeouts, fitted, noted", [
+    (None, [10, 2, 5], [10, 2, 5], False),    # not torchrun: the ladder as given
+    (30.0, [60, 30, 10], [60, 30, 10], False),  # the role's 60 s already outlasts torchrun's 30 s
+    (30.0, [10, 30, 10], [45, 30, 10], True),   # Ctrl-C rung shorter than torchrun's own teardown
+    (2.0, [1, 2, 5], [7, 2, 5], True),          # TORCH_ELASTIC_SHUTDOWN_TIMEOUT=2: at least 5 s more
+])
+def test_fit_to_torchrun_lengthens_only_a_short_ctrl_c_rung(shutdown, timeouts, fitted, noted):
+    rungs = [Rung(INT, timeouts[0], "tmux", "launcher"), Rung(TERM, timeouts[1]), Rung(KILL, timeouts[2])]
+    out, notes = fit_to_torchrun(rungs, shutdown)
+    assert [r.timeout for r in out] == fitted and [r.signal for r in out] == [INT, TERM, KILL]
+    assert bool(notes) is noted and (not noted or "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in notes[0])
 
 
 def test_parse_ladder_defaults_to_and_caps_kill():
     rungs = parse_ladder([{"signal": "INT", "timeout": 5}, {"signal": 15, "timeout": "2.5"},
-                          {"signal": "KILL", "timeout": 60}, {"signal": "INT", "timeout": 1, "to": "all"}],
-                         tmux=False, kill_timeout=7)
-    assert [(r.signal, r.timeout, r.to) for r in rungs] == [(INT, 5, "launcher"), (TERM, 2.5, "all"), (KILL, 7, "all"),
-                                                            (INT, 1, "all")]
+                          {"signal": "KILL", "timeout": 60}], tmux=False, kill_timeout=7)
+    assert [(r.signal, r.timeout, r.to) for r in rungs] == [(INT, 5, "launcher"), (TERM, 2.5, "all"), (KILL, 7, "all")]
+    # (a second SIGINT rung, which this test also had, is refused since issue 11: see the error table)
+    assert [(r.signal, r.timeout, r.to) for r in parse_ladder([{"signal": "INT", "timeout": 1, "to": "all"}],
+                                                                tmux=False, kill_timeout=7)] == [(INT, 1, "all")]
 
 
 @pytest.mark.parametrize("raw, tmux, message", [
+    ([{"signal": "INT", "timeout": 60, "via": "tmux"}, {"signal": "INT", "timeout": 30}], True,
+     r"^ladder\[1\]: a second SIGINT \(Ctrl-C\) rung; torchrun restarts its shutdown on a second signal"),
+    ([{"signal": "INT", "timeout": 6}, {"signal": "TERM", "timeout": 3}, {"signal": 2, "timeout": 3}], False,
+     r"^ladder\[2\]: a second SIGINT"),
     ([], False, r"^ladder: must be a non-empty list"),
     ("SIGINT", False, r"^ladder: must be a non-empty list"),
     (["SIGINT"], False, r"^ladder\[0\]: each rung must be a dict"),
@@ -458,3 +478,119 @@ def test_describe_process_reports_state_and_wchan(children):
     child.kill()
     child.wait()
     assert describe_process(child.pid)["state"] == "gone"
+
+
+# ---------------------------------------------------------------- progress judged by the job's state after the signal
+
+# A trainer that ignores the signal (or, with "graceful", finishes the step in flight, saves once and exits):
+# a step line every `step_s` into a steps file (the unit stand-in for the tmux pane the module reads), an
+# atomic checkpoint (tmp + rename, a new file opened each time) every `every` steps, and a log file it opened
+# before the signal and keeps appending to, all in the checkpoint directory `root`.
+TRAINER = """
+    import os, signal, sys, time
+    root, mode, step_s, every, shards, pause = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+    stop = []
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else lambda *a: stop.append(1))
+    signal.signal(signal.SIGINT, signal.SIG_IGN if mode == "ignore" else lambda *a: stop.append(1))
+    log = open(os.path.join(root, "train.log"), "a")
+    def save(step):
+        tmp = os.path.join(root, "ckpt-%06d.pt.tmp" % step)
+        with open(tmp, "wb") as handle:
+            for _ in range(shards):
+                handle.write(b"w" * 65536)
+                handle.flush()
+                time.sleep(pause)
+        os.rename(tmp, tmp[:-4])
+    print("ready", flush=True)
+    step = 0
+    while True:
+        step += 1
+        time.sleep(step_s)
+        log.write("step %d\\n" % step)
+        log.flush()
+        with open(os.path.join(root, "..", "steps"), "a") as steps:
+            steps.write("step %d\\n" % step)
+        if stop:
+            save(step)
+            sys.exit(0)
+        if step % every == 0:
+            save(step)
+"""
+
+
+def steps_probe(path):
+    def probe():
+        try:
+            lines = path.read_text().split()
+        except OSError:
+            return None
+        return int(lines[-1]) if lines else None
+    return probe
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    return tmp_path / "ckpt"
+
+
+def test_a_signal_ignoring_periodic_checkpointer_gets_no_grace(children, tmp_path, ckpt):
+    """Its step counter keeps advancing: training, not shutting down; its checkpoints are no shutdown save."""
+    child = spawn(TRAINER, str(ckpt), "ignore", "0.05", "4", "2", "0.05")  # a save every 0.2 s
+    children.append(child)
+    procs = ProcessSet()
+    hold(procs, child)
+    out = run_ladder([Rung(INT, 0.6), Rung(TERM, 0.6), Rung(KILL, 5)], procs, root_pgids=[child.pid],
+                     progress_paths=[str(ckpt)], progress_stall=0.5, max_grace=30,
+                     step_probe=steps_probe(tmp_path / "steps"))
+    rungs = [r.as_dict() for r in out.rungs]
+    assert out.stopped_by == 2 and child.wait(timeout=5) == -KILL, rungs
+    for rung in out.rungs[:2]:
+        assert rung.training and rung.extended_by == 0 and rung.steps[1] - rung.steps[0] > 1, rungs
+    assert any(name.endswith(".pt") for name in os.listdir(ckpt))  # it did checkpoint meanwhile
+
+
+def test_without_a_step_source_periodic_saves_extend_a_rung_only_while_one_is_written(children, tmp_path, ckpt):
+    """No pane to read steps from: a save every 1.2 s lasting 0.3 s, progress_stall 0.2 (shorter than the
+    period): a rung may wait for the save in flight at its timeout, never from one save to the next."""
+    child = spawn(TRAINER, str(ckpt), "ignore", "0.1", "12", "3", "0.1")
+    children.append(child)
+    procs = ProcessSet()
+    hold(procs, child)
+    out = run_ladder([Rung(TERM, 1.5), Rung(KILL, 5)], procs, root_pgids=[child.pid],
+                     progress_paths=[str(ckpt)], progress_stall=0.2, max_grace=30)
+    assert out.stopped_by == 1, [r.as_dict() for r in out.rungs]
+    assert out.rungs[0].extended_by < 0.3 + 0.2 + 0.5  # one save and the stall at most, never max_grace
+
+
+def test_a_log_written_through_a_file_opened_before_the_signal_is_no_save(children, tmp_path, ckpt):
+    """The job keeps appending to its log (under progress_paths) and ignores the signal: files change, yet no
+    file was opened after the signal, so the rung ends at its timeout."""
+    child = spawn(TRAINER, str(ckpt), "ignore", "0.05", "1000000", "1", "0")
+    children.append(child)
+    procs = ProcessSet()
+    hold(procs, child)
+    out = run_ladder([Rung(TERM, 0.5), Rung(KILL, 5)], procs, root_pgids=[child.pid],
+                     progress_paths=[str(ckpt / "train.log")], progress_stall=0.5, max_grace=30)
+    assert out.stopped_by == 1 and out.rungs[0].extended_by == 0 and not out.rungs[0].save_seen
+
+
+@pytest.mark.parametrize("use_pidfd", MODES)
+def test_a_save_started_after_ctrl_c_is_never_cut_short(children, tmp_path, ckpt, use_pidfd):
+    """The step in flight finishes (one more step line: not "training"), then a slow save (4 x 0.5 s shards,
+    pauses longer than progress_stall) runs far past the rung's timeout, and the job exits on its own."""
+    if use_pidfd and not pidfd_supported():
+        pytest.skip("no pidfd here")
+    child = spawn(TRAINER, str(ckpt), "graceful", "0.1", "1000000", "4", "0.5")
+    children.append(child)
+    procs = ProcessSet(use_pidfd=use_pidfd)
+    hold(procs, child)
+    wait_for(lambda: (tmp_path / "steps").exists(), 5)
+    out = run_ladder([Rung(INT, 0.3), Rung(KILL, 5)], procs, root_pgids=[child.pid],
+                     progress_paths=[str(ckpt)], progress_stall=0.3, max_grace=30,
+                     step_probe=steps_probe(tmp_path / "steps"))
+    rung = out.rungs[0]
+    assert out.stopped_by == 0 and child.wait(timeout=5) == 0, rung.as_dict()
+    assert rung.save_seen and not rung.training and rung.extended_by > 1.0
+    saved = [name for name in os.listdir(ckpt) if name.endswith(".pt")]
+    assert len(saved) == 1 and os.path.getsize(ckpt / saved[0]) == 4 * 65536

@@ -24,6 +24,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     compile_regex,
     is_interactive_shell,
     job_groups,
+    last_step,
     late_children,
     parse_panes,
     parse_pid_file,
@@ -31,8 +32,10 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     read_tpgid,
     select,
     started_after,
+    tmux_capture_argv,
     tmux_list_panes_argv,
     top_of,
+    torchrun_shutdown_timeout,
 )
 
 PVE_CT200 = "0::/lxc/200/ns/user.slice\n"
@@ -286,3 +289,111 @@ def test_tmux_nested_interactive_shells_are_left_alone_what_runs_in_them_is_the_
     assert "its shells (pids 100, 150) are left running; what runs in it is the job" in sel.notes[0]
     idle = run_select(tbl, panes=[Pane("%1", 400)], self_pid=7777, ancestors=[1])
     assert idle.members == {} and "its shell (pid 400) is left running; nothing runs in it" in idle.notes[0]
+
+
+# The incident's node: a tmux server started by `tmux new-session -d -s dflash "torchrun ..."` keeps that
+# command line; its panes: the job (dflash), a prompt with `less train.py` (dflash-eval), a pipe-pane `cat`.
+SERVER_CMD = "tmux new-session -d -s dflash /venv/bin/torchrun --standalone --nproc_per_node=2 train.py"
+RANK = "/venv/bin/python3 -u train.py --ckpt-dir /ck"
+NODE = table(
+    proc(1, 0, "/sbin/init"),
+    proc(50, 1, "/usr/bin/python3 /usr/bin/networkd-dispatcher --run-startup-triggers"),
+    ProcessInfo(pid=700, ppid=1, pgid=700, sid=700, state="S", starttime=1700, comm="tmux: server",
+                cmdline=tuple(SERVER_CMD.split()), uid=0),
+    proc(710, 700, "/venv/bin/python3 /venv/bin/torchrun --standalone --nproc_per_node=2 train.py", sid=710),
+    proc(711, 710, RANK, sid=711),
+    proc(712, 710, RANK, sid=712),
+    proc(713, 711, RANK, pgid=711, sid=711),  # a DataLoader worker (forked: same command line)
+    proc(720, 700, "-bash", sid=720),
+    proc(721, 720, "less train.py", sid=720),
+    proc(730, 700, "sh -c cat >> /tmp/dflash.log", sid=730),
+    proc(731, 730, "cat", pgid=730, sid=730),
+    proc(740, 1, "tmux attach -t dflash", sid=740),  # a client attached from a login: its argv names the session
+    proc(999, 1, "/usr/bin/python3 -m ansible.modules.training_stop", sid=999),
+)
+OLD_ROLE_REGEX = r"(^|[/\s])torchrun(\s|$)|-m\s+torch\.distributed\.(run|launch)\b"
+
+
+def _role_default_match():
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "stop_training", "defaults", "main.yml")
+    import yaml
+    with open(path) as handle:
+        return yaml.safe_load(handle)["stop_training_match"]
+
+
+@pytest.mark.parametrize("regex, members, left_out", [
+    # the pre-fix role regex hits the tmux server (an ancestor of the job): it is left out, not the job's root
+    (OLD_ROLE_REGEX, [710, 711, 712, 713], {700: "a tmux server"}),
+    (r"torchrun|attach -t dflash", [710, 711, 712, 713], {700: "a tmux server", 740: "a terminal multiplexer"}),
+    (r"^-bash$|less", [721], {720: "an interactive shell"}),
+    (r"train\.py", None, {700: "a tmux server"}),  # still refused: the job and `less train.py` are two jobs
+])
+def test_match_never_selects_tmux_servers_clients_or_prompts(regex, members, left_out):
+    sel = run_select(NODE, ancestors=[1], match=re.compile(regex))
+    assert sorted(sel.left_out) == sorted(left_out)
+    for pid in left_out:
+        assert sel.left_out[pid][0].startswith(left_out[pid])
+        assert any(note.startswith("match: pid %d left out, %s" % (pid, left_out[pid])) for note in sel.notes)
+        assert pid not in sel.members
+    if members is None:
+        assert sel.refused.startswith("match hits 2 unrelated") and "less train.py" in sel.refused
+    else:
+        assert sel.refused == "" and sorted(sel.members) == members
+        assert 700 not in sel.members and 720 not in sel.members and 731 not in sel.members
+
+
+def test_match_leaves_out_any_ancestor_of_a_pane_process():
+    # a pane of tmux_session whose process sits under a wrapper that matches (`script -c torchrun ...`)
+    tbl = dict(NODE)
+    tbl[800] = proc(800, 1, "script -q -c torchrun-wrapper /tmp/typescript", sid=800)
+    tbl[801] = proc(801, 800, "/venv/bin/torchrun --standalone train.py", sid=801)
+    sel = run_select(tbl, ancestors=[1], match=re.compile("torchrun"), panes=[Pane("%9", 801)])
+    assert sel.left_out[800][0] == "an ancestor of a tmux pane's process, not the job"
+    assert 800 not in sel.members and 801 in sel.members
+
+
+@pytest.mark.parametrize("cmd, hit", [
+    ("/venv/bin/torchrun --standalone --nproc_per_node=4 train.py", True),
+    ("torchrun --nnodes 1 train.py", True),
+    ("/venv/bin/python3 /venv/bin/torchrun --standalone train.py", True),
+    ("/usr/bin/python3.11 -u /opt/venv/bin/torchrun train.py", True),
+    ("python3 -m torch.distributed.run --nproc-per-node 8 train.py", True),
+    ("/venv/bin/python -u -m torch.distributed.launch train.py", True),
+    (SERVER_CMD, False),                                  # the tmux server that started the session
+    ("tmux attach -t torchrun", False),
+    ("less /venv/bin/torchrun", False),
+    ("vim torchrun", False),
+    ("bash -c torchrun --standalone train.py", False),    # a wrapper shell: the pane's process, not the program
+    ("/venv/bin/python3 -u train.py --ckpt-dir /ck", False),  # a rank: reached from the launcher, never a root
+    ("/usr/bin/python3 /usr/bin/networkd-dispatcher --run-startup-triggers", False),
+    ("python3 my_torchrun_notes.py", False),
+])
+def test_role_default_match_is_anchored_to_the_program_run(cmd, hit):
+    assert bool(re.search(_role_default_match(), cmd)) is hit
+
+
+@pytest.mark.parametrize("text, regex, step", [
+    ("step 1 loss 2.3\nstep 2 loss 2.2\nstep 13 loss 2.0\n", r"\bstep\s+(\d+)", 13),
+    ("[rank0] step 7\n[rank1] step 8\nsaving checkpoint\n", r"\bstep\s+\d+", 8),   # the role's regex: no group
+    ("epoch 3 step=41 loss=0.1\n", r"step=(\d+)", 41),
+    ("no steps here\n", r"\bstep\s+(\d+)", None),
+    ("steps 5\n", r"\bstep\s+(\d+)", None),
+])
+def test_last_step_of_a_pane(text, regex, step):
+    assert last_step(text, re.compile(regex)) == step
+    assert tmux_capture_argv("%3", 50, "/tmp/s") == ["tmux", "-S", "/tmp/s", "capture-pane", "-p", "-J", "-t", "%3", "-S", "-50"]
+
+
+@pytest.mark.parametrize("cmd, environ, timeout", [
+    ("/venv/bin/python3 /venv/bin/torchrun --standalone --nproc_per_node=4 train.py", {}, 30.0),
+    ("torchrun --standalone train.py", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, 90.0),
+    ("torchrun --shutdown-timeout 12 train.py --shutdown-timeout 99", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, 12.0),
+    ("torchrun --shutdown_timeout=7 train.py", {}, 7.0),
+    ("torchrun train.py", {"PET_SHUTDOWN_TIMEOUT": "5", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, 5.0),
+    ("python3 -m torch.distributed.run --nproc-per-node 8 train.py", None, 30.0),  # environ not readable
+    ("torchrun train.py", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}, 30.0),
+    ("/venv/bin/python3 -u train.py", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "90"}, None),  # a rank, not the agent
+    ("tmux new-session -d -s dflash torchrun train.py", {}, None),
+])
+def test_torchrun_shutdown_timeout(cmd, environ, timeout):
+    assert torchrun_shutdown_timeout(cmd.split(), environ) == timeout

@@ -1,0 +1,141 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""One ladder at a time per container and selection: a flock held by the module, and its last result.
+
+This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
+time. Standard library only (it runs on targets).
+
+Why in the module: killing ``ansible-playbook`` (or the AWX job) leaves the
+module running on the target, still climbing its ladder; the role's own lock
+is then taken over as stale and a re-run would climb a second ladder at once,
+crediting its Ctrl-C with what the first ladder's SIGKILL did. The module's
+``flock`` lives exactly as long as the module process (the kernel drops it
+when the process dies, however it dies), so a second module waits for it
+(bounded) or fails naming the holder, which the lock file describes.
+
+Next to the lock, ``<key>.json`` holds the record of the last ladder: written
+``running`` before its first signal and its outcome when it ends, so the next
+run reports what happened even when nobody was watching (a record still
+``running`` whose process is gone is a ladder that was killed part-way).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import time
+import typing as t
+
+POLL_S = 0.2
+
+
+class RunLockError(Exception):
+    """The lock could not be taken (held past the wait, or its directory unusable); the message says why."""
+
+
+def lock_key(selection: t.Mapping[str, t.Any]) -> str:
+    """A file-name-safe key for one container and selection (same options, same key)."""
+    container = selection.get("container")
+    digest = hashlib.sha256(json.dumps(dict(selection), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return "training_stop-%s-%s" % ("ct%s" % container if container is not None else "local", digest)
+
+
+def describe_holder(holder: t.Mapping[str, t.Any] | None, now: float) -> str:
+    if not holder:
+        return "a training_stop run whose record is not readable yet"
+    return "training_stop pid %s (started %s, %ds ago, selection %s)" % (
+        holder.get("pid", "?"), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(holder.get("started", 0))),
+        max(0, int(now - holder.get("started", now))), holder.get("selection", "?"))
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def write_json(path: str, value: t.Mapping[str, t.Any]) -> None:
+    """Atomically (tmp + rename), so a reader never sees half a record."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, sort_keys=True, default=str)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(tmp, path)
+
+
+def pid_alive(pid: t.Any, proc_root: str = "/proc") -> bool:
+    return isinstance(pid, int) and pid > 0 and os.path.exists("%s/%d" % (proc_root, pid))
+
+
+class RunLock:
+    """``flock`` on ``<dir>/<key>.lock`` held for the module's life; ``<key>.json`` is the last ladder's record."""
+
+    def __init__(self, directory: str, key: str, clock: t.Callable[[], float] = time.monotonic,
+                 wall: t.Callable[[], float] = time.time) -> None:
+        self.directory = directory
+        self.lock_path = os.path.join(directory, key + ".lock")
+        self.state_path = os.path.join(directory, key + ".json")
+        self.clock = clock
+        self.wall = wall
+        self.fd: int | None = None
+        self.waited = 0.0
+        self.waited_for: str = ""  # who held it when we started waiting
+
+    def holder(self) -> dict | None:
+        return read_json(self.lock_path)
+
+    def acquire(self, timeout: float, me: t.Mapping[str, t.Any]) -> None:
+        """Take the lock, waiting at most ``timeout`` seconds; RunLockError names the holder."""
+        try:
+            os.makedirs(self.directory, mode=0o755, exist_ok=True)
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunLockError("lock_dir: cannot create %s (%s); give a writable directory (the module runs as %s)"
+                               % (self.lock_path, exc.strerror or exc, os.geteuid())) from None
+        started = self.clock()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise RunLockError("lock_dir: cannot lock %s (%s)" % (self.lock_path, exc.strerror or exc)) from None
+            if not self.waited_for:
+                self.waited_for = describe_holder(self.holder(), self.wall())
+            if self.clock() - started >= timeout:
+                os.close(fd)
+                raise RunLockError(
+                    "another ladder is still running for this selection: %s; waited %gs (lock_timeout). Nothing was "
+                    "signalled by this run. Wait for it, or raise lock_timeout." % (
+                        describe_holder(self.holder(), self.wall()), timeout))
+            time.sleep(POLL_S)
+        self.waited = self.clock() - started
+        self.fd = fd
+        # the holder's description, for whoever waits next (written in place: only the holder writes it)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(dict(me), sort_keys=True, default=str).encode(), 0)
+
+    def previous(self) -> dict | None:
+        """The last ladder's record; one still ``running`` whose process is gone was killed part-way."""
+        record = read_json(self.state_path)
+        if record and record.get("state") == "running" and not pid_alive(record.get("pid")):
+            record["state"] = "interrupted"
+        return record
+
+    def record(self, value: t.Mapping[str, t.Any]) -> None:
+        write_json(self.state_path, value)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # drops the flock
+            self.fd = None
