@@ -61,11 +61,18 @@ options:
       - name: ansible_paramiko_port
     keyword:
       - name: port
-  remote_user:
+  pve_user:
     description:
-      - User to log in as on the Proxmox VE host. Commands inside the container run as the container's root
-        (use C(become) to change user inside the container).
+      - User to log in as on the Proxmox VE host (C(ansible_user), the C(remote_user) keyword, C(-u)).
+        Commands inside the container run as the container's root (use C(become) to change user inside
+        the container).
       - Any user other than C(root) runs C(pct) through O(proxmox_become_method).
+      - "This option is not named C(remote_user) on purpose: Ansible takes a connection's C(remote_user) for the
+        user that runs commands on the target and expands C(~), the temporary directory (C(remote_tmp)) and the
+        C(async) job directory (C(async_dir)) in that user's home. The target here is the container, where
+        commands run as C(root) (or the C(become_user)), and a host login such as C(pveops) does not exist there.
+        So C(~) means C(~root) inside the container (C(/root/.ansible/tmp), C(/root/.ansible_async)), whatever
+        the host login."
     type: string
     vars:
       - name: ansible_user
@@ -245,7 +252,7 @@ options:
       - name: proxmox_pct_path
   proxmox_become_method:
     description:
-      - How a non-root O(remote_user) runs C(pct) on the host. V(sudo) and V(doas) run non-interactively
+      - How a non-root O(pve_user) runs C(pct) on the host. V(sudo) and V(doas) run non-interactively
         (C(sudo -n)); V(none) runs C(pct) directly; any other value is used as a literal command prefix.
       - "With sudo the host needs a rule such as C(pveops ALL=(root) NOPASSWD: /usr/sbin/pct)."
     type: string
@@ -416,6 +423,10 @@ class Connection(ConnectionBase):
 
     transport = "gpuops.repurpose.pct_ssh"
     has_pipelining = True
+    # The user commands run as on the target (inside the container: pct exec runs as root). ActionBase takes
+    # it for `~`, remote_tmp, async_dir and become decisions; it asks get_option('remote_user') first, which
+    # this plugin leaves undefined (the host login is `pve_user`), and then this attribute.
+    default_user = "root"
 
     @property
     def has_tty(self) -> bool:  # type: ignore[override]
@@ -444,8 +455,8 @@ class Connection(ConnectionBase):
             raise AnsibleError("pct_ssh: %s" % e) from None
 
     def _user(self) -> str:
-        # like ssh: no remote_user means the controller's own user name (not necessarily root)
-        return self.get_option("remote_user") or getpass.getuser()
+        # like ssh: no login user means the controller's own user name (not necessarily root)
+        return self.get_option("pve_user") or getpass.getuser()
 
     def _prefix(self) -> t.List[str]:
         try:
