@@ -24,8 +24,13 @@ description:
   - Files move by SFTP to a private temporary directory on the host plus C(pct push)/C(pct pull), streamed in
     blocks (no file is read into memory whole); where the host has no SFTP server they are streamed through
     C(cat) inside the container instead. Pipelining is supported.
-  - One SSH connection per host, user and credentials is kept open by a small control master process (like
+  - One SSH connection per host and identity is kept open by a small control master process (like
     OpenSSH's ControlPersist) and reused by all tasks, including tasks for other containers on the same host.
+    It is found by everything that authenticates it (host, port, user, password digest, key file path and a digest
+    of its content, the default keys and the agent socket when they may be used, known_hosts file, host key
+    policy, O(proxmox_become_method), O(pct_path), the controller user), so a job with other credentials never
+    reuses another's logged-in connection. Its socket (mode 0600) lies in O(control_path_dir) (mode 0700, owned by
+    the controller user; a foreign or symlinked directory is refused).
   - A stopped container, a missing container (or one on another cluster node), an unreachable host, a refused
     login and an unknown host key each fail with their own message.
   - Option and variable names follow P(community.proxmox.proxmox_pct_remote#connection) where they mean the same,
@@ -293,7 +298,9 @@ options:
     vars:
       - name: ansible_pct_ssh_control_persist
   control_path_dir:
-    description: Private directory (mode 0700) for the control masters' sockets.
+    description:
+      - Private directory for the control masters' sockets (mode 0600). It is created with mode 0700, tightened to
+        0700 if it is looser, and refused if it is a symlink or belongs to another user.
     type: path
     default: ~/.ansible/pct_ssh
     env:
@@ -481,6 +488,8 @@ class Connection(ConnectionBase):
             lock_file_timeout=float(self.get_option("lock_file_timeout")),
             proxy_command=self.get_option("proxy_command") or None,
             use_rsa_sha2_algorithms=self.get_option("use_rsa_sha2_algorithms"),
+            # how this login runs pct: a connection opened for one way is not lent to another
+            identity_extra={"proxmox_become_method": self.get_option("proxmox_become_method"), "pct_path": self.get_option("pct_path")},
         )
 
     # -- connection -----------------------------------------------------------
