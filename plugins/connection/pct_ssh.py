@@ -354,6 +354,37 @@ options:
       - name: ANSIBLE_PCT_SSH_PTY
     vars:
       - name: ansible_pct_ssh_pty
+  ssh_only_vars:
+    description:
+      - Not a setting. Variables of P(ansible.builtin.ssh#connection) that this plugin does not use (for example
+        C(ansible_ssh_pipelining), C(ansible_ssh_common_args)). They are read only to warn, once per name and run,
+        that they are ignored and what to set instead (C(ansible_ssh_pipelining) -> C(ansible_pct_ssh_pipelining));
+        their values change nothing.
+    type: raw
+    vars:
+      - name: ansible_control_path
+      - name: ansible_control_path_dir
+      - name: ansible_private_key
+      - name: ansible_private_key_passphrase
+      - name: ansible_scp_executable
+      - name: ansible_scp_extra_args
+      - name: ansible_sftp_batch_mode
+      - name: ansible_sftp_executable
+      - name: ansible_sftp_extra_args
+      - name: ansible_ssh_args
+      - name: ansible_ssh_common_args
+      - name: ansible_ssh_executable
+      - name: ansible_ssh_extra_args
+      - name: ansible_ssh_password_mechanism
+      - name: ansible_ssh_pipelining
+      - name: ansible_ssh_pkcs11_provider
+      - name: ansible_ssh_private_key
+      - name: ansible_ssh_private_key_passphrase
+      - name: ansible_ssh_retries
+      - name: ansible_ssh_transfer_method
+      - name: ansible_ssh_use_tty
+      - name: ansible_ssh_verbosity
+      - name: ansible_sshpass_prompt
 notes:
   - Commands run as root inside the container (that is what C(pct exec) does). C(become) inside the container
     works for methods that need no password as root (C(sudo), C(su)); a C(become_password) is not supported.
@@ -417,7 +448,7 @@ from ansible.plugins.connection import ConnectionBase  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh, _pct_ssh_vars  # noqa: E402
 
 display = Display()
 
@@ -449,6 +480,13 @@ class Connection(ConnectionBase):
         self._settings: t.Optional[_pct_ssh.Settings] = None
 
     # -- settings -------------------------------------------------------------
+    def set_options(self, task_keys: t.Any = None, var_options: t.Any = None, direct: t.Any = None) -> None:
+        super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
+        # Ansible passes only the variables our options declare; ssh_only_vars declares ssh's so they reach here.
+        # Identical warnings are shown once per run, so each name is warned about once, not per host and task.
+        for msg in _pct_ssh_vars.ignored_var_warnings(var_options or {}):
+            display.warning(msg)
+
     def _host(self) -> str:
         return "%s:%s" % (self.get_option("remote_addr"), self.get_option("port"))
 

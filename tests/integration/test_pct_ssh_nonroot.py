@@ -167,3 +167,33 @@ def test_become_inside_the_container_and_nothing_left_under_a_literal_tilde(resu
     assert r["become nobody inside the container, non-pipelined files readable by it"][host]["stdout"] == "nobody"
     assert not r["cleanup"][host].get("failed")
     assert r["no literal ~pveops anywhere"][host]["stdout"].strip() == "clean"
+
+
+def test_ssh_only_variables_are_warned_about_once_and_change_nothing(tmp_path):
+    """An inventory written for ssh (ansible_ssh_pipelining=false): one warning per name, and the tasks still run."""
+    import json
+    import os
+    import subprocess
+
+    status = lab_status()
+    hosts = {
+        name: base_vars(status, ansible_user=user, ansible_ssh_pipelining=False, ansible_ssh_transfer_method="scp")
+        for name, user in (("as_root", "root"), ("as_pveops", "pveops"))
+    }
+    (tmp_path / "inv.json").write_text(json.dumps({"all": {"hosts": hosts}}))
+    (tmp_path / "play.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.command: id -un\n    - ansible.builtin.command: id -un\n"
+    )
+    env = dict(os.environ, ANSIBLE_CONFIG=str(_h.ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
+               ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"))
+    done = subprocess.run(
+        [str(_h.BIN / "ansible-playbook"), "-i", str(tmp_path / "inv.json"), str(tmp_path / "play.yml")],
+        cwd=_h.ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )
+    out = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 0, out[-3000:]
+    assert "as_root : ok=2" in out and "as_pveops : ok=2" in out
+    assert out.count("pct_ssh ignores ansible_ssh_pipelining") == 1
+    assert out.count("pct_ssh ignores ansible_ssh_transfer_method") == 1
+    assert "set ansible_pct_ssh_transfer_method (auto, sftp or cat) instead" in out
