@@ -259,7 +259,7 @@ options:
     description:
       - How a non-root O(pve_user) runs C(pct) on the host. V(sudo) and V(doas) run non-interactively
         (C(sudo -n)); V(none) runs C(pct) directly; any other value is used as a literal command prefix.
-      - "With sudo the host needs a rule such as C(pveops ALL=(root) NOPASSWD: /usr/sbin/pct)."
+      - "With sudo the host needs a rule such as 'pveops ALL=(root) NOPASSWD: /usr/sbin/pct'."
     type: string
     default: sudo
     vars:
@@ -421,7 +421,8 @@ all:
       hosts:
         pve1:
           ansible_host: pve1.example.internal
-          ansible_user: root
+          # the same pct-only sudo rule is enough here for gpuops.repurpose.proxmox_ct_exec/proxmox_ct_power
+          ansible_user: pveops
 
 # A playbook: the tasks run inside CT200.
 # - hosts: ct200

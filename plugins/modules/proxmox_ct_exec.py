@@ -22,7 +22,7 @@ description:
   - O(ensure_running) starts a stopped container first and waits until commands run in it.
   - "Needs no root login and no full sudo on the host. Run as root, it runs C(pct) directly; run as any other
     user (the login user, without C(become)), it runs C(pct) through O(pct_become_method) (C(sudo -n)), so the
-    one rule C(pveops ALL=(root) NOPASSWD: /usr/sbin/pct) (the rule the P(gpuops.repurpose.pct_ssh#connection)
+    one rule 'pveops ALL=(root) NOPASSWD: /usr/sbin/pct' (the rule the P(gpuops.repurpose.pct_ssh#connection)
     connection needs too) is enough. A missing rule fails at once, naming the rule to add."
 options:
   vmid:

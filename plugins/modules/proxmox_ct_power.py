@@ -16,7 +16,7 @@ description:
     C(pct reboot) for container O(vmid), built by the same command builder as
     M(gpuops.repurpose.proxmox_ct_exec) and the P(gpuops.repurpose.pct_ssh#connection) connection.
   - "Needs no root login and no full sudo on the host: run as any user other than root, it runs C(pct) through
-    O(pct_become_method) (C(sudo -n)), so the rule C(pveops ALL=(root) NOPASSWD: /usr/sbin/pct) is enough.
+    O(pct_become_method) (C(sudo -n)), so the rule 'pveops ALL=(root) NOPASSWD: /usr/sbin/pct' is enough.
     A missing rule fails at once, naming the rule to add."
   - V(start) of a running and V(stop) or V(shutdown) of a stopped container change nothing.
   - Every run is bounded on the host by O(command_timeout) (C(timeout -s KILL)); for V(reboot) and V(shutdown)
