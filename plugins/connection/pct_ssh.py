@@ -24,8 +24,13 @@ description:
   - Files move by SFTP to a private temporary directory on the host plus C(pct push)/C(pct pull), streamed in
     blocks (no file is read into memory whole); where the host has no SFTP server they are streamed through
     C(cat) inside the container instead. Pipelining is supported.
-  - One SSH connection per host, user and credentials is kept open by a small control master process (like
+  - One SSH connection per host and identity is kept open by a small control master process (like
     OpenSSH's ControlPersist) and reused by all tasks, including tasks for other containers on the same host.
+    It is found by everything that authenticates it (host, port, user, password digest, key file path and a digest
+    of its content, the default keys and the agent socket when they may be used, known_hosts file, host key
+    policy, O(proxmox_become_method), O(pct_path), the controller user), so a job with other credentials never
+    reuses another's logged-in connection. Its socket (mode 0600) lies in O(control_path_dir) (mode 0700, owned by
+    the controller user; a foreign or symlinked directory is refused).
   - A stopped container, a missing container (or one on another cluster node), an unreachable host, a refused
     login and an unknown host key each fail with their own message.
   - Option and variable names follow P(community.proxmox.proxmox_pct_remote#connection) where they mean the same,
@@ -61,11 +66,18 @@ options:
       - name: ansible_paramiko_port
     keyword:
       - name: port
-  remote_user:
+  pve_user:
     description:
-      - User to log in as on the Proxmox VE host. Commands inside the container run as the container's root
-        (use C(become) to change user inside the container).
+      - User to log in as on the Proxmox VE host (C(ansible_user), the C(remote_user) keyword, C(-u)).
+        Commands inside the container run as the container's root (use C(become) to change user inside
+        the container).
       - Any user other than C(root) runs C(pct) through O(proxmox_become_method).
+      - "This option is not named C(remote_user) on purpose: Ansible takes a connection's C(remote_user) for the
+        user that runs commands on the target and expands C(~), the temporary directory (C(remote_tmp)) and the
+        C(async) job directory (C(async_dir)) in that user's home. The target here is the container, where
+        commands run as C(root) (or the C(become_user)), and a host login such as C(pveops) does not exist there.
+        So C(~) means C(~root) inside the container (C(/root/.ansible/tmp), C(/root/.ansible_async)), whatever
+        the host login."
     type: string
     vars:
       - name: ansible_user
@@ -245,9 +257,9 @@ options:
       - name: proxmox_pct_path
   proxmox_become_method:
     description:
-      - How a non-root O(remote_user) runs C(pct) on the host. V(sudo) and V(doas) run non-interactively
+      - How a non-root O(pve_user) runs C(pct) on the host. V(sudo) and V(doas) run non-interactively
         (C(sudo -n)); V(none) runs C(pct) directly; any other value is used as a literal command prefix.
-      - "With sudo the host needs a rule such as C(pveops ALL=(root) NOPASSWD: /usr/sbin/pct)."
+      - "With sudo the host needs a rule such as 'pveops ALL=(root) NOPASSWD: /usr/sbin/pct'."
     type: string
     default: sudo
     vars:
@@ -286,7 +298,9 @@ options:
     vars:
       - name: ansible_pct_ssh_control_persist
   control_path_dir:
-    description: Private directory (mode 0700) for the control masters' sockets.
+    description:
+      - Private directory for the control masters' sockets (mode 0600). It is created with mode 0700, tightened to
+        0700 if it is looser, and refused if it is a symlink or belongs to another user.
     type: path
     default: ~/.ansible/pct_ssh
     env:
@@ -340,6 +354,37 @@ options:
       - name: ANSIBLE_PCT_SSH_PTY
     vars:
       - name: ansible_pct_ssh_pty
+  ssh_only_vars:
+    description:
+      - Not a setting. Variables of P(ansible.builtin.ssh#connection) that this plugin does not use (for example
+        C(ansible_ssh_pipelining), C(ansible_ssh_common_args)). They are read only to warn, once per name and run,
+        that they are ignored and what to set instead (C(ansible_ssh_pipelining) -> C(ansible_pct_ssh_pipelining));
+        their values change nothing.
+    type: raw
+    vars:
+      - name: ansible_control_path
+      - name: ansible_control_path_dir
+      - name: ansible_private_key
+      - name: ansible_private_key_passphrase
+      - name: ansible_scp_executable
+      - name: ansible_scp_extra_args
+      - name: ansible_sftp_batch_mode
+      - name: ansible_sftp_executable
+      - name: ansible_sftp_extra_args
+      - name: ansible_ssh_args
+      - name: ansible_ssh_common_args
+      - name: ansible_ssh_executable
+      - name: ansible_ssh_extra_args
+      - name: ansible_ssh_password_mechanism
+      - name: ansible_ssh_pipelining
+      - name: ansible_ssh_pkcs11_provider
+      - name: ansible_ssh_private_key
+      - name: ansible_ssh_private_key_passphrase
+      - name: ansible_ssh_retries
+      - name: ansible_ssh_transfer_method
+      - name: ansible_ssh_use_tty
+      - name: ansible_ssh_verbosity
+      - name: ansible_sshpass_prompt
 notes:
   - Commands run as root inside the container (that is what C(pct exec) does). C(become) inside the container
     works for methods that need no password as root (C(sudo), C(su)); a C(become_password) is not supported.
@@ -376,7 +421,8 @@ all:
       hosts:
         pve1:
           ansible_host: pve1.example.internal
-          ansible_user: root
+          # the same pct-only sudo rule is enough here for gpuops.repurpose.proxmox_ct_exec/proxmox_ct_power
+          ansible_user: pveops
 
 # A playbook: the tasks run inside CT200.
 # - hosts: ct200
@@ -403,7 +449,7 @@ from ansible.plugins.connection import ConnectionBase  # noqa: E402
 from ansible.utils.display import Display  # noqa: E402
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh, _pct_ssh_vars  # noqa: E402
 
 display = Display()
 
@@ -416,6 +462,10 @@ class Connection(ConnectionBase):
 
     transport = "gpuops.repurpose.pct_ssh"
     has_pipelining = True
+    # The user commands run as on the target (inside the container: pct exec runs as root). ActionBase takes
+    # it for `~`, remote_tmp, async_dir and become decisions; it asks get_option('remote_user') first, which
+    # this plugin leaves undefined (the host login is `pve_user`), and then this attribute.
+    default_user = "root"
 
     @property
     def has_tty(self) -> bool:  # type: ignore[override]
@@ -431,6 +481,13 @@ class Connection(ConnectionBase):
         self._settings: t.Optional[_pct_ssh.Settings] = None
 
     # -- settings -------------------------------------------------------------
+    def set_options(self, task_keys: t.Any = None, var_options: t.Any = None, direct: t.Any = None) -> None:
+        super().set_options(task_keys=task_keys, var_options=var_options, direct=direct)
+        # Ansible passes only the variables our options declare; ssh_only_vars declares ssh's so they reach here.
+        # Identical warnings are shown once per run, so each name is warned about once, not per host and task.
+        for msg in _pct_ssh_vars.ignored_var_warnings(var_options or {}):
+            display.warning(msg)
+
     def _host(self) -> str:
         return "%s:%s" % (self.get_option("remote_addr"), self.get_option("port"))
 
@@ -444,8 +501,8 @@ class Connection(ConnectionBase):
             raise AnsibleError("pct_ssh: %s" % e) from None
 
     def _user(self) -> str:
-        # like ssh: no remote_user means the controller's own user name (not necessarily root)
-        return self.get_option("remote_user") or getpass.getuser()
+        # like ssh: no login user means the controller's own user name (not necessarily root)
+        return self.get_option("pve_user") or getpass.getuser()
 
     def _prefix(self) -> t.List[str]:
         try:
@@ -470,6 +527,8 @@ class Connection(ConnectionBase):
             lock_file_timeout=float(self.get_option("lock_file_timeout")),
             proxy_command=self.get_option("proxy_command") or None,
             use_rsa_sha2_algorithms=self.get_option("use_rsa_sha2_algorithms"),
+            # how this login runs pct: a connection opened for one way is not lent to another
+            identity_extra={"proxmox_become_method": self.get_option("proxmox_become_method"), "pct_path": self.get_option("pct_path")},
         )
 
     # -- connection -----------------------------------------------------------

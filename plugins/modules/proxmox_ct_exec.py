@@ -20,6 +20,10 @@ description:
     saying so.
   - O(creates)/O(removes) make it idempotent like M(ansible.builtin.command); they are checked inside the container.
   - O(ensure_running) starts a stopped container first and waits until commands run in it.
+  - "Needs no root login and no full sudo on the host. Run as root, it runs C(pct) directly; run as any other
+    user (the login user, without C(become)), it runs C(pct) through O(pct_become_method) (C(sudo -n)), so the
+    one rule 'pveops ALL=(root) NOPASSWD: /usr/sbin/pct' (the rule the P(gpuops.repurpose.pct_ssh#connection)
+    connection needs too) is enough. A missing rule fails at once, naming the rule to add."
 options:
   vmid:
     description: VMID of the container, an integer from 100 to 999999999 (as in C(pct list)).
@@ -87,9 +91,16 @@ options:
         release's default, which changes between releases.
     type: bool
   pct_path:
-    description: Path of C(pct) on the host.
+    description: Path of C(pct) on the host (a sudo rule must name this exact path).
     type: path
     default: /usr/sbin/pct
+  pct_become_method:
+    description:
+      - How a user other than root runs C(pct). V(sudo) and V(doas) run non-interactively (C(sudo -n)); V(none)
+        runs C(pct) directly; any other value is used as a literal command prefix. Ignored when running as root.
+      - The same values as the P(gpuops.repurpose.pct_ssh#connection) connection's C(proxmox_become_method).
+    type: str
+    default: sudo
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -102,7 +113,7 @@ attributes:
     description: Target OS/families that can be operated against.
     support: full
     platforms: posix
-    details: The Proxmox VE host (needs C(pct) and root; use C(become)).
+    details: The Proxmox VE host (needs C(pct); root, or a user with the sudo rule for C(pct) alone).
   idempotent:
     description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: partial
@@ -117,6 +128,7 @@ seealso:
 """
 
 EXAMPLES = r"""
+# As a login user with only `pveops ALL=(root) NOPASSWD: /usr/sbin/pct` on the host: no become.
 - name: Ask the GPUs inside CT200 what they hold
   gpuops.repurpose.proxmox_ct_exec:
     vmid: 200
@@ -125,7 +137,6 @@ EXAMPLES = r"""
       - --query-gpu=index,memory.used
       - --format=csv,noheader,nounits
     timeout: 30
-  become: true
   register: gpus
 
 - name: Shell text, with a working directory and environment, started if the container is down
@@ -136,14 +147,12 @@ EXAMPLES = r"""
     env:
       LC_ALL: C.UTF-8
     ensure_running: true
-  become: true
 
 - name: Only once
   gpuops.repurpose.proxmox_ct_exec:
     vmid: 200
     argv: [python3, -m, venv, /opt/sglang]
     creates: /opt/sglang/bin/python
-  become: true
 """
 
 RETURN = r"""
@@ -173,11 +182,11 @@ stderr_lines:
   type: list
   elements: str
 cmd:
-  description: The argument list run (or, in check mode, that would run) on the host.
+  description: The argument list run (or, in check mode, that would run) on the host (with the C(sudo -n) prefix when not root).
   returned: always
   type: list
   elements: str
-  sample: [/usr/sbin/pct, exec, "200", --, timeout, --kill-after=5s, 3600s, nvidia-smi]
+  sample: [sudo, -n, /usr/sbin/pct, exec, "200", --, timeout, --kill-after=5s, 3600s, nvidia-smi]
 ct_status:
   description: The container's status when the command ran (or when the module stopped).
   returned: always
@@ -202,67 +211,44 @@ msg:
   type: str
 """
 
-import math  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 import typing as t  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct, _pct_host  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PctHostFailure as ExecFailure  # noqa: E402
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline  # noqa: E402
 
 HOST_MARGIN = 30  # the in-container timeout acts first; this only guards against a hung pct/lxc-attach
+run = _pct_host.run
 
 
-class ExecFailure(Exception):
-    """Ends the module with fail_json(msg, **result)."""
+class Pct(t.NamedTuple):
+    """How this host runs pct: its path, the become prefix for this user, and the method's name for messages."""
 
-    def __init__(self, msg: str, **result: t.Any) -> None:
-        super().__init__(msg)
-        self.msg = msg
-        self.result = result
+    path: str
+    prefix: t.List[str]
+    method: str
 
+    def argv(self, sub: str, vmid: int, *args: str) -> t.List[str]:
+        return _pct.pct_argv(sub, vmid, *args, pct_path=self.path, prefix=self.prefix)
 
-def run(module: AnsibleModule, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> t.Tuple[int, bytes, bytes, bool]:
-    """Run ARGV on the host under a host-side ``timeout -s KILL`` (it kills its whole process group).
-
-    Nothing is expanded: ``expand_user_and_vars=False`` keeps ``~`` and ``$X`` in arguments literal.
-    """
-    limit = max(1, int(math.ceil(timeout)))
-    started = time.monotonic()
-    rc, out, err = module.run_command(
-        ["timeout", "-s", "KILL", "%ds" % limit] + argv,
-        data=stdin,
-        binary_data=True,
-        encoding=None,
-        expand_user_and_vars=False,
-    )
-    hung = rc == 137 and time.monotonic() - started >= limit - 0.5
-    return rc, out, err, hung
+    def exec_argv(self, vmid: int, argv: t.List[str], keep_env: t.Optional[bool] = None) -> t.List[str]:
+        return _pct.exec_argv(vmid, argv, keep_env=keep_env, pct_path=self.path, prefix=self.prefix)
 
 
-def ct_status(module: AnsibleModule, pct_path: str, vmid: int) -> str:
-    rc, out, err, hung = run(module, _pct.pct_argv("status", vmid, pct_path=pct_path), None, 60)
-    text = err.decode("utf-8", "replace").strip()
-    if hung:
-        raise ExecFailure("`pct status %d` did not answer within 60 s" % vmid)
-    if rc != 0:
-        if _pct.classify_failure(text) == _pct.FAIL_MISSING:
-            raise ExecFailure("container %d does not exist on this host (%s); check vmid against `pct list`" % (vmid, text), ct_status="missing")
-        raise ExecFailure("`pct status %d` failed (rc %d): %s" % (vmid, rc, text))
-    try:
-        return _pct.parse_status(out.decode("utf-8", "replace"))
-    except _pct.PctError as e:
-        raise ExecFailure(str(e)) from None
+def ct_status(module: AnsibleModule, pct: Pct, vmid: int) -> str:
+    return _pct_host.ct_status(module, vmid, pct.path, pct.prefix, pct.method)
 
 
-def start_and_wait(module: AnsibleModule, pct_path: str, vmid: int, timeout: int) -> None:
+def start_and_wait(module: AnsibleModule, pct: Pct, vmid: int, timeout: int) -> None:
     deadline = Deadline(timeout)
-    rc, out, err, hung = run(module, _pct.pct_argv("start", vmid, pct_path=pct_path), None, max(1.0, deadline.remaining()))
+    rc, out, err, hung = run(module, pct.argv("start", vmid), None, max(1.0, deadline.remaining()))
     if hung or rc != 0:
         raise ExecFailure("`pct start %d` failed (rc %s): %s" % (vmid, rc, err.decode("utf-8", "replace").strip()), ct_status="stopped")
-    probe = _pct.exec_argv(vmid, ["true"], pct_path=pct_path)
+    probe = pct.exec_argv(vmid, ["true"])
     while True:
         rc, dummy_out, err, dummy_hung = run(module, probe, None, max(1.0, min(deadline.remaining(), 10)))
         if rc == 0:
@@ -271,14 +257,14 @@ def start_and_wait(module: AnsibleModule, pct_path: str, vmid: int, timeout: int
             raise ExecFailure(
                 "container %d was started but did not accept commands within start_timeout=%ds: %s"
                 % (vmid, timeout, err.decode("utf-8", "replace").strip()),
-                ct_status=ct_status(module, pct_path, vmid),
+                ct_status=ct_status(module, pct, vmid),
                 started=True,
             )
         time.sleep(min(0.2, deadline.remaining()))
 
 
-def path_exists(module: AnsibleModule, pct_path: str, vmid: int, path: str, keep_env: t.Optional[bool]) -> bool:
-    rc, dummy_out, err, hung = run(module, _pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env, pct_path=pct_path), None, 60)
+def path_exists(module: AnsibleModule, pct: Pct, vmid: int, path: str, keep_env: t.Optional[bool]) -> bool:
+    rc, dummy_out, err, hung = run(module, pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env), None, 60)
     if hung or rc not in (0, 1):
         raise ExecFailure("could not check %s inside container %d (rc %s): %s" % (path, vmid, rc, err.decode("utf-8", "replace").strip()))
     return rc == 0
@@ -303,6 +289,7 @@ def main() -> None:
             start_timeout=dict(type="int", default=120),
             keep_env=dict(type="bool"),
             pct_path=dict(type="path", default=_pct.DEFAULT_PCT_PATH),
+            pct_become_method=dict(type="str", default="sudo"),
         ),
         mutually_exclusive=[("argv", "command")],
         required_one_of=[("argv", "command")],
@@ -315,21 +302,19 @@ def main() -> None:
     )
     try:
         vmid = _pct.validate_vmid(p["vmid"])
+        pct = Pct(p["pct_path"], _pct_host.prefix_for(os.geteuid(), p["pct_become_method"]), p["pct_become_method"])
         argv = p["argv"] if p["argv"] is not None else [p["executable"], "-c", p["command"]]
         inner = _pct.wrap_argv(argv, chdir=p["chdir"], env=p["env"], timeout=p["timeout"], kill_after=p["kill_after"])
-        cmd = _pct.exec_argv(vmid, inner, keep_env=p["keep_env"], pct_path=p["pct_path"])
+        cmd = pct.exec_argv(vmid, inner, keep_env=p["keep_env"])
         if p["start_timeout"] <= 0:
             raise _pct.PctError("start_timeout must be a positive number of seconds, got %d" % p["start_timeout"])
     except _pct.PctError as e:
         module.fail_json(msg=str(e), **result)
     result["cmd"] = cmd
-    if not os.path.exists(p["pct_path"]):
-        module.fail_json(msg="%s not found: run this module on the Proxmox VE host (or set pct_path)" % p["pct_path"], **result)
-    if os.geteuid() != 0:
-        module.fail_json(msg="pct needs root on the Proxmox VE host: add `become: true` to the task", **result)
 
     try:
-        result.update(execute(module, vmid, cmd, p))
+        _pct_host.check_host(p["pct_path"])
+        result.update(execute(module, pct, vmid, cmd, p))
     except ExecFailure as e:
         result.update(e.result)
         module.fail_json(msg=e.msg, **result)
@@ -338,8 +323,8 @@ def main() -> None:
     module.exit_json(**result)
 
 
-def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
-    status = ct_status(module, p["pct_path"], vmid)
+def execute(module: AnsibleModule, pct: Pct, vmid: int, cmd: t.List[str], p: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
+    status = ct_status(module, pct, vmid)
     out: t.Dict[str, t.Any] = {"ct_status": status}
     if status != "running":
         if not p["ensure_running"]:
@@ -349,11 +334,11 @@ def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t
         if module.check_mode:
             out.update(changed=True, msg="would start container %d and run the command" % vmid)
             return out
-        start_and_wait(module, p["pct_path"], vmid, p["start_timeout"])
-        out.update(started=True, changed=True, ct_status=ct_status(module, p["pct_path"], vmid))
+        start_and_wait(module, pct, vmid, p["start_timeout"])
+        out.update(started=True, changed=True, ct_status=ct_status(module, pct, vmid))
 
     for path, want, verb in ((p["creates"], False, "exists"), (p["removes"], True, "does not exist")):
-        if path and path_exists(module, p["pct_path"], vmid, path, p["keep_env"]) != want:
+        if path and path_exists(module, pct, vmid, path, p["keep_env"]) != want:
             out.update(rc=0, msg="skipped, since %s %s" % (path, verb))
             return out
 
@@ -395,7 +380,7 @@ def execute(module: AnsibleModule, vmid: int, cmd: t.List[str], p: t.Dict[str, t
     elif rc != 0:
         kind = _pct.classify_failure(text_err)
         if kind == _pct.FAIL_STOPPED:
-            out["ct_status"] = ct_status(module, p["pct_path"], vmid)
+            out["ct_status"] = ct_status(module, pct, vmid)
         out.update(failed=True, msg="non-zero return code")
     return out
 

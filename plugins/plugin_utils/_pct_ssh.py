@@ -33,6 +33,7 @@ import json
 import os
 import select
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -85,11 +86,21 @@ class Settings:
     proxy_command: t.Optional[str] = None
     use_rsa_sha2_algorithms: bool = True
     keepalive: int = 15
+    # what the caller does with the login that must not be shared either (how pct is run: become method, path)
+    identity_extra: t.Dict[str, t.Any] = dataclasses.field(default_factory=dict)
 
-    def cache_key(self) -> str:
-        """A stable name for 'the same connection' (secrets only as a digest)."""
-        raw = json.dumps([PROTOCOL, dataclasses.asdict(self)], sort_keys=True)
-        return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:20]
+    def cache_key(self, env: t.Optional[t.Mapping[str, str]] = None) -> str:
+        """The name of 'the same connection': everything that authenticates it (secrets only as a digest).
+
+        A shared connection is a logged-in session: whoever reaches it acts as
+        its user. So two callers share it only when they would log in with the
+        same credentials and the same host key policy: the settings, this
+        controller user, the content of the key file (a replaced key at the same
+        path is another identity), of the default keys paramiko would try, and
+        the agent (when it may be used).
+        """
+        raw = json.dumps([PROTOCOL, dataclasses.asdict(self), credential_identity(self, env)], sort_keys=True)
+        return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:32]
 
     def host_label(self) -> str:
         return "%s@%s:%d" % (self.user or "(default user)", self.host, self.port)
@@ -102,6 +113,38 @@ class ExecResult:
     stderr: bytes
     timed_out: bool = False
     signalled: bool = False  # the server sent no exit status: killed by a signal
+
+
+# the keys paramiko's look_for_keys tries (paramiko.client.SSHClient._auth)
+DEFAULT_KEY_FILES = ("id_rsa", "id_dsa", "id_ecdsa", "id_ed25519")
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a file's content; a marker for a missing or unreadable one (then it cannot authenticate)."""
+    try:
+        with open(os.path.expanduser(path), "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except OSError as e:
+        return "unreadable:%s" % (e.errno,)
+
+
+def credential_identity(settings: Settings, env: t.Optional[t.Mapping[str, str]] = None) -> t.Dict[str, t.Any]:
+    """What authenticates a login with SETTINGS beyond the settings themselves (digests only)."""
+    env = os.environ if env is None else env
+    ident: t.Dict[str, t.Any] = {"euid": os.geteuid()}
+    if settings.key_filename:
+        ident["key"] = file_digest(settings.key_filename)
+    if settings.look_for_keys:
+        home = os.path.expanduser("~")
+        ident["default_keys"] = {
+            name: file_digest(os.path.join(home, d, name))
+            for d in (".ssh", "ssh")
+            for name in DEFAULT_KEY_FILES
+            if os.path.exists(os.path.join(home, d, name))
+        }
+    if settings.password is None:  # the agent is only offered without a password (DirectSession.connect)
+        ident["agent"] = env.get("SSH_AUTH_SOCK", "")
+    return ident
 
 
 def known_hosts_name(host: str, port: int) -> str:
@@ -504,6 +547,26 @@ def control_path(settings: Settings, directory: str) -> str:
     return os.path.join(os.path.expanduser(directory), settings.cache_key() + ".sock")
 
 
+def private_dir(directory: str) -> str:
+    """Create DIRECTORY (mode 0700) or check that it is this user's own and private; return its path.
+
+    The sockets in it are as good as the logins behind them, so the directory
+    must be a real directory owned by the user running Ansible and closed to
+    everyone else; a foreign or symlinked one is refused rather than used.
+    """
+    directory = os.path.expanduser(directory)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    st = os.lstat(directory)
+    hint = "set ansible_pct_ssh_control_path_dir (control_path_dir) to a private directory of your own"
+    if not stat.S_ISDIR(st.st_mode):
+        raise SessionError("config", "control_path_dir %s is not a directory (a symlink?): %s" % (directory, hint))
+    if st.st_uid != os.geteuid():
+        raise SessionError("config", "control_path_dir %s belongs to uid %d, not to this user (uid %d): %s" % (directory, st.st_uid, os.geteuid(), hint))
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(directory, 0o700)
+    return directory
+
+
 class MasterClient:
     """The session interface, answered by a control master over a unix socket."""
 
@@ -579,9 +642,7 @@ def open_master(settings: Settings, directory: str, persist: int, start_timeout:
     A lock file serialises the start, so parallel workers for the same host
     share one master instead of racing to create several.
     """
-    directory = os.path.expanduser(directory)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    os.chmod(directory, 0o700)  # the socket is as good as the credentials behind it
+    directory = private_dir(directory)
     path = control_path(settings, directory)
     client = MasterClient(path)
     if client.ping():
@@ -760,6 +821,7 @@ def _serve_main(path: str, persist: float) -> int:
         return 0
     finally:
         os.umask(old)
+    os.chmod(path, 0o600)  # owner only, whatever the umask did (connecting needs write permission)
     srv.listen(64)
     ino = os.stat(path).st_ino
     sys.stdout.write(json.dumps({"ok": True, "pid": os.getpid()}) + "\n")

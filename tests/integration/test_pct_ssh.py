@@ -184,6 +184,7 @@ def suite(tmp_path_factory):
     before = host_tmp_dirs(status)
     results = run_playbook(tmp, hosts, play)
     results["_masters"] = masters(tmp / "cp")
+    results["_master_logins"] = master_logins(tmp / "cp")
     return results, src, tmp, before
 
 
@@ -196,6 +197,17 @@ def masters(cp: Path) -> dict:
         pid = _pct_ssh.MasterClient(str(sock))._call({"op": "ping"})[0]["pid"]
         with open("/proc/%d/status" % pid) as fh:
             out[pid] = int(next(line for line in fh if line.startswith("VmHWM:")).split()[1])
+    return out
+
+
+def master_logins(cp: Path) -> dict:
+    """socket path -> (mode of the socket, the host user its SSH connection is logged in as, asked on the host)."""
+    from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
+
+    out = {"_dir_mode": oct(cp.stat().st_mode & 0o777)}
+    for sock in cp.glob("*.sock"):
+        who = _pct_ssh.MasterClient(str(sock)).exec("id -un", timeout=30).stdout.decode().strip()
+        out[str(sock)] = (oct(sock.lstat().st_mode & 0o777), who)
     return out
 
 
@@ -270,6 +282,14 @@ def test_no_temporary_files_left_on_the_host(suite):
 def test_one_shared_connection_per_host_user(suite):
     """Every task runs in a fresh worker, yet root's three shared hosts use one master and pveops' two another."""
     assert len(suite[0]["_masters"]) == 2
+
+
+def test_each_login_has_its_own_private_connection(suite):
+    """root's hosts and pveops' hosts never share a logged-in connection; sockets 0600 in a 0700 directory."""
+    logins = dict(suite[0]["_master_logins"])
+    assert logins.pop("_dir_mode") == "0o700"
+    assert sorted(who for _mode, who in logins.values()) == ["pveops", "root"]
+    assert {mode for mode, _who in logins.values()} == {"0o600"}
 
 
 def test_transfers_stream_in_bounded_memory(suite):

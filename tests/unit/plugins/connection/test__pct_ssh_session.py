@@ -234,3 +234,76 @@ def test_parallel_requests_wait_for_a_free_session(sshd_two_sessions):
     s.close()
     assert sorted(int(r.stdout) for r in results) == list(range(6))
     assert all(r.rc == 0 for r in results)
+
+
+def _master_pid(client) -> int:
+    return client._call({"op": "ping"})[0]["pid"]
+
+
+def _login_user(client) -> str:
+    """The user the master's SSH connection is logged in as, asked of the server."""
+    return client.exec("id -un").stdout.decode().strip()
+
+
+def test_control_master_is_keyed_by_identity(sshd, tmp_path):
+    """Another key, a replaced key at the same path, another pct become method or agent: never the same master."""
+    other = tmp_path / "other_key"
+    os.system("ssh-keygen -q -t ed25519 -N '' -f %s" % other)
+    with open(os.path.join(sshd.dir, "authorized_keys"), "a") as fh:
+        fh.write((tmp_path / "other_key.pub").read_text())
+    key_copy = tmp_path / "key_at_one_path"
+    key_copy.write_bytes(open(sshd.key, "rb").read())
+    key_copy.chmod(0o600)
+    cp = str(tmp_path / "cp")
+    started = []
+    try:
+        a = _pct_ssh.open_master(settings(sshd, key_filename=str(key_copy)), cp, persist=30, start_timeout=30)
+        started.append(a)
+        assert _pct_ssh.open_master(settings(sshd, key_filename=str(key_copy)), cp, persist=30, start_timeout=30).path == a.path
+        b = _pct_ssh.open_master(settings(sshd, key_filename=str(other)), cp, persist=30, start_timeout=30)
+        started.append(b)
+        assert b.path != a.path and _master_pid(b) != _master_pid(a)
+        # the same path, another key inside: another identity
+        key_copy.write_bytes(other.read_bytes())
+        c = _pct_ssh.open_master(settings(sshd, key_filename=str(key_copy)), cp, persist=30, start_timeout=30)
+        started.append(c)
+        assert c.path not in (a.path, b.path)
+        d = _pct_ssh.open_master(
+            settings(sshd, key_filename=str(key_copy), identity_extra={"proxmox_become_method": "doas"}), cp, persist=30, start_timeout=30
+        )
+        started.append(d)
+        assert d.path not in (a.path, b.path, c.path)
+        assert len({_master_pid(x) for x in started}) == 4
+        assert all(_login_user(x) == "root" for x in started)
+    finally:
+        for x in started:
+            x.stop()
+    s = settings(sshd)
+    assert s.cache_key(env={"SSH_AUTH_SOCK": "/run/user/1/agent"}) != s.cache_key(env={"SSH_AUTH_SOCK": "/run/user/2/agent"})
+    with_password = settings(sshd, password="x")  # the agent is not offered with a password: not part of the identity
+    assert with_password.cache_key(env={"SSH_AUTH_SOCK": "/a"}) == with_password.cache_key(env={"SSH_AUTH_SOCK": "/b"})
+    assert with_password.cache_key() != settings(sshd, password="y").cache_key()
+
+
+def test_control_socket_and_directory_are_private(sshd, tmp_path):
+    cp = tmp_path / "cp"
+    cp.mkdir(mode=0o755)
+    cp.chmod(0o755)
+    m = _pct_ssh.open_master(settings(sshd), str(cp), persist=30, start_timeout=30)
+    try:
+        assert stat.S_IMODE(os.stat(cp).st_mode) == 0o700
+        st = os.lstat(m.path)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid()
+    finally:
+        m.stop()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 65534, 65534)
+    with pytest.raises(_pct_ssh.SessionError) as exc:
+        _pct_ssh.open_master(settings(sshd), str(foreign), persist=5, start_timeout=30)
+    assert exc.value.kind == "config" and "belongs to uid 65534" in exc.value.msg and "control_path_dir" in exc.value.msg
+    link = tmp_path / "link"
+    link.symlink_to(cp)
+    with pytest.raises(_pct_ssh.SessionError) as exc:
+        _pct_ssh.open_master(settings(sshd), str(link), persist=5, start_timeout=30)
+    assert "not a directory" in exc.value.msg

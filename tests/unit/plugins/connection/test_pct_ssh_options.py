@@ -86,3 +86,22 @@ def test_documented_defaults():
     assert opts["command_timeout"]["default"] == 3600
     assert opts["pty"]["default"] is False
     assert [v["name"] for v in opts["vmid"]["vars"]] == ["proxmox_vmid"]
+
+
+def test_host_login_is_not_ansibles_remote_user():
+    """ActionBase expands ~ in the home of the connection's remote_user; inside the container that is root.
+
+    The host login is consumed from the usual names under another option, and
+    the plugin's default_user (the user commands run as in the container) is root.
+    """
+    out = subprocess.run(
+        [os.path.join(BIN, "ansible-doc"), "-t", "connection", "--json", "gpuops.repurpose.pct_ssh"],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout
+    opts = json.loads(out)["gpuops.repurpose.pct_ssh"]["doc"]["options"]
+    assert "remote_user" not in opts
+    assert {"ansible_user", "ansible_ssh_user"} <= {v["name"] for v in opts["pve_user"]["vars"]}
+    assert [k["name"] for k in opts["pve_user"]["keyword"]] == ["remote_user"]
+    from ansible_collections.gpuops.repurpose.plugins.connection.pct_ssh import Connection
+
+    assert Connection.default_user == "root"

@@ -1,0 +1,107 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""Running ``pct`` on the Proxmox VE host, shared by the proxmox_ct_exec and proxmox_ct_power modules.
+
+This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
+time. Standard library only (it runs on the PVE host).
+
+Least privilege: the modules run as whatever user logged in. root runs pct as
+is; any other user runs it through ``sudo -n`` (``pct_become_method``), so the
+only rule a site grants is ``pveops ALL=(root) NOPASSWD: /usr/sbin/pct``, the
+same one the pct_ssh connection needs. The command lines come from the one
+builder in ``_pct``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pwd
+import time
+import typing as t
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
+
+STATUS_TIMEOUT = 60
+
+
+class PctHostFailure(Exception):
+    """Ends a module with fail_json(msg, **result)."""
+
+    def __init__(self, msg: str, **result: t.Any) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.result = result
+
+
+def login_user(uid: t.Optional[int] = None) -> str:
+    """The name of UID (default: this process's effective user), or the number when it has no name."""
+    uid = os.geteuid() if uid is None else uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def prefix_for(uid: int, method: str) -> t.List[str]:
+    """The argv prefix that runs pct for UID: nothing for root, else METHOD (``sudo -n`` by default)."""
+    return _pct.become_prefix("root" if uid == 0 else login_user(uid), method)
+
+
+def run(module: t.Any, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> t.Tuple[int, bytes, bytes, bool]:
+    """Run ARGV on the host under a host-side ``timeout -s KILL`` (it kills its whole process group).
+
+    Returns (rc, stdout, stderr, hung). Nothing is expanded:
+    ``expand_user_and_vars=False`` keeps ``~`` and ``$X`` in arguments literal.
+    """
+    limit = max(1, int(math.ceil(timeout)))
+    started = time.monotonic()
+    rc, out, err = module.run_command(
+        ["timeout", "-s", "KILL", "%ds" % limit] + argv,
+        data=stdin,
+        binary_data=True,
+        encoding=None,
+        expand_user_and_vars=False,
+    )
+    hung = rc == 137 and time.monotonic() - started >= limit - 0.5
+    return rc, out, err, hung
+
+
+def sudo_refused(stderr: str, pct_path: str, method: str) -> t.Optional[str]:
+    """The message for a become method that refused to run pct, or None when STDERR is something else."""
+    if _pct.classify_failure(stderr) != _pct.FAIL_SUDO:
+        return None
+    user = login_user()
+    first = stderr.strip().splitlines()[0] if stderr.strip() else "no output"
+    return (
+        "host user %s may not run %s through %s without a password (%s). Add the rule `%s` "
+        "(for example in /etc/sudoers.d/pct), set pct_become_method, or log in as root"
+        % (user, pct_path, method, first, _pct.missing_rule_hint(user, method, pct_path))
+    )
+
+
+def ct_status(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], method: str = "sudo") -> str:
+    """``pct status VMID`` -> running/stopped/...; raise ``PctHostFailure`` naming what went wrong."""
+    rc, out, err, hung = run(module, _pct.pct_argv("status", vmid, pct_path=pct_path, prefix=prefix), None, STATUS_TIMEOUT)
+    text = err.decode("utf-8", "replace").strip()
+    if hung:
+        raise PctHostFailure("`pct status %d` did not answer within %d s" % (vmid, STATUS_TIMEOUT))
+    if rc != 0:
+        refused = sudo_refused(text, pct_path, method)
+        if refused:
+            raise PctHostFailure(refused)
+        if _pct.classify_failure(text) == _pct.FAIL_MISSING:
+            raise PctHostFailure("container %d does not exist on this host (%s); check vmid against `pct list`" % (vmid, text), ct_status="missing")
+        raise PctHostFailure("`pct status %d` failed (rc %d): %s" % (vmid, rc, text))
+    try:
+        return _pct.parse_status(out.decode("utf-8", "replace"))
+    except _pct.PctError as e:
+        raise PctHostFailure(str(e)) from None
+
+
+def check_host(pct_path: str) -> None:
+    """Fail early, with where to run, when there is no pct here."""
+    if not os.path.exists(pct_path):
+        raise PctHostFailure("%s not found: run this module on the Proxmox VE host (or set pct_path)" % pct_path)

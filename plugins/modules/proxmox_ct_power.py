@@ -1,0 +1,256 @@
+#!/usr/bin/python
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: proxmox_ct_power
+short_description: Query, start, stop, shut down or reboot a Proxmox VE LXC container with C(pct)
+version_added: 0.1.0
+author:
+  - gpuops.repurpose contributors (!UNKNOWN)
+description:
+  - Runs on the Proxmox VE host and runs one of C(pct status), C(pct start), C(pct stop), C(pct shutdown) or
+    C(pct reboot) for container O(vmid), built by the same command builder as
+    M(gpuops.repurpose.proxmox_ct_exec) and the P(gpuops.repurpose.pct_ssh#connection) connection.
+  - "Needs no root login and no full sudo on the host: run as any user other than root, it runs C(pct) through
+    O(pct_become_method) (C(sudo -n)), so the rule 'pveops ALL=(root) NOPASSWD: /usr/sbin/pct' is enough.
+    A missing rule fails at once, naming the rule to add."
+  - V(start) of a running and V(stop) or V(shutdown) of a stopped container change nothing.
+  - Every run is bounded on the host by O(command_timeout) (C(timeout -s KILL)); for V(reboot) and V(shutdown)
+    the default is longer than C(pct)'s own bound, so C(pct) gives up by itself first and is never left running.
+options:
+  vmid:
+    description: VMID of the container, an integer from 100 to 999999999 (as in C(pct list)).
+    type: int
+    required: true
+  operation:
+    description: The C(pct) subcommand to run.
+    type: str
+    choices: [status, start, stop, shutdown, reboot]
+    default: status
+  timeout:
+    description:
+      - For V(shutdown) and V(reboot), C(pct)'s own C(--timeout) (seconds to wait for the container to stop).
+        Unset leaves C(pct)'s default (60 s).
+      - C(pct) gives up after at most 2 x (O(timeout) + 5) seconds (C(lxc-stop) under its command timeout, then as
+        long again waiting for the container's monitor) and fails with C(container did not stop).
+    type: int
+  command_timeout:
+    description:
+      - Seconds the C(pct) command may run on the host before it is killed (with its process group) and the task
+        fails.
+      - Default 2 x (O(timeout) + 5) + 30 for V(shutdown) and V(reboot), 300 otherwise.
+    type: int
+  pct_path:
+    description: Path of C(pct) on the host (a sudo rule must name this exact path).
+    type: path
+    default: /usr/sbin/pct
+  pct_become_method:
+    description:
+      - How a user other than root runs C(pct). V(sudo) and V(doas) run non-interactively (C(sudo -n)); V(none)
+        runs C(pct) directly; any other value is used as a literal command prefix. Ignored when running as root.
+    type: str
+    default: sudo
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: Queries the status (read-only) and reports the C(pct) command it would run.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+    details: The Proxmox VE host (needs C(pct); root, or a user with the sudo rule for C(pct) alone).
+  idempotent:
+    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
+    support: partial
+    details: V(status), V(start), V(stop) and V(shutdown) are; V(reboot) reboots every time.
+notes:
+  - M(gpuops.repurpose.proxmox_ct_exec) runs a command inside a container; this module changes its power state.
+seealso:
+  - module: gpuops.repurpose.proxmox_ct_exec
+  - plugin: gpuops.repurpose.pct_ssh
+    plugin_type: connection
+"""
+
+EXAMPLES = r"""
+# As a login user with only `pveops ALL=(root) NOPASSWD: /usr/sbin/pct` on the host: no become.
+- name: Reboot CT200, giving its shutdown 60 s
+  gpuops.repurpose.proxmox_ct_power:
+    vmid: 200
+    operation: reboot
+    timeout: 60
+  delegate_to: pve1
+
+- name: Wait until CT200 is running
+  gpuops.repurpose.proxmox_ct_power:
+    vmid: 200
+  delegate_to: pve1
+  register: ct
+  until: ct.ct_status == 'running'
+  retries: 60
+  delay: 1
+"""
+
+RETURN = r"""
+rc:
+  description: Exit status of C(pct) (V(0) when nothing had to be run).
+  returned: always
+  type: int
+  sample: 0
+stdout:
+  description: Its standard output.
+  returned: always
+  type: str
+  sample: "status: running\n"
+stderr:
+  description: Its standard error.
+  returned: always
+  type: str
+  sample: ""
+stdout_lines:
+  description: RV(stdout) split into lines.
+  returned: always
+  type: list
+  elements: str
+stderr_lines:
+  description: RV(stderr) split into lines.
+  returned: always
+  type: list
+  elements: str
+cmd:
+  description: The argument list run (or that would run) on the host, with the C(sudo -n) prefix when not root.
+  returned: always
+  type: list
+  elements: str
+  sample: [sudo, -n, /usr/sbin/pct, reboot, "200", --timeout, "60"]
+ct_status:
+  description: The container's status after the operation (before it, in check mode).
+  returned: always
+  type: str
+  sample: running
+timed_out:
+  description: Whether O(command_timeout) expired and C(pct) was killed.
+  returned: always
+  type: bool
+elapsed:
+  description: Seconds C(pct) ran.
+  returned: always
+  type: float
+  sample: 2.31
+msg:
+  description: What happened, when nothing was run or it failed.
+  returned: sometimes
+  type: str
+"""
+
+import os  # noqa: E402
+import time  # noqa: E402
+import typing as t  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct, _pct_host  # noqa: E402
+
+PCT_DEFAULT_TIMEOUT = 60  # lxc-stop's default, which pct uses without --timeout
+# nothing to do when the container is already in the state the operation leads to
+_ALREADY = {"start": "running", "stop": "stopped", "shutdown": "stopped"}
+
+
+def pct_args(operation: str, timeout: t.Optional[int]) -> t.List[str]:
+    """The arguments after ``pct OPERATION VMID``."""
+    if timeout is not None and operation in ("shutdown", "reboot"):
+        return ["--timeout", str(timeout)]
+    return []
+
+
+def host_bound(operation: str, timeout: t.Optional[int], command_timeout: t.Optional[int]) -> int:
+    """Seconds pct may run on the host: longer than pct's own bound for shutdown/reboot, so pct ends first."""
+    if command_timeout is not None:
+        return command_timeout
+    if operation in ("shutdown", "reboot"):
+        return 2 * ((PCT_DEFAULT_TIMEOUT if timeout is None else timeout) + 5) + 30
+    return 300
+
+
+def validate(p: t.Dict[str, t.Any]) -> int:
+    vmid = _pct.validate_vmid(p["vmid"])
+    for name in ("timeout", "command_timeout"):
+        if p[name] is not None and p[name] <= 0:
+            raise _pct.PctError("%s must be a positive number of seconds, got %d" % (name, p[name]))
+    if p["timeout"] is not None and p["operation"] not in ("shutdown", "reboot"):
+        raise _pct.PctError("timeout applies to operation shutdown or reboot only, not %s" % p["operation"])
+    return vmid
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            vmid=dict(type="int", required=True),
+            operation=dict(type="str", default="status", choices=["status", "start", "stop", "shutdown", "reboot"]),
+            timeout=dict(type="int"),
+            command_timeout=dict(type="int"),
+            pct_path=dict(type="path", default=_pct.DEFAULT_PCT_PATH),
+            pct_become_method=dict(type="str", default="sudo"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    op = p["operation"]
+    result: t.Dict[str, t.Any] = dict(
+        changed=False, rc=0, stdout="", stderr="", stdout_lines=[], stderr_lines=[], cmd=[], ct_status="unknown", timed_out=False, elapsed=0.0
+    )
+    try:
+        vmid = validate(p)
+        prefix = _pct_host.prefix_for(os.geteuid(), p["pct_become_method"])
+        cmd = _pct.pct_argv(op, vmid, *pct_args(op, p["timeout"]), pct_path=p["pct_path"], prefix=prefix)
+    except _pct.PctError as e:
+        module.fail_json(msg=str(e), **result)
+    result["cmd"] = cmd
+    try:
+        _pct_host.check_host(p["pct_path"])
+        status = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
+        result["ct_status"] = status
+        if op == "status":
+            module.exit_json(**dict(result, stdout="status: %s\n" % status, stdout_lines=["status: %s" % status]))
+        if _ALREADY.get(op) == status:
+            module.exit_json(msg="container %d is already %s" % (vmid, status), **result)
+        if module.check_mode:
+            module.exit_json(**dict(result, changed=True, msg="would run: %s" % _pct.quote(cmd)))
+        bound = host_bound(op, p["timeout"], p["command_timeout"])
+        started = time.monotonic()
+        rc, out, err, hung = _pct_host.run(module, cmd, None, bound)
+        text_out, text_err = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        result.update(
+            changed=True, rc=rc, stdout=text_out, stderr=text_err, stdout_lines=text_out.splitlines(), stderr_lines=text_err.splitlines(),
+            elapsed=round(time.monotonic() - started, 3),
+        )
+        refused = _pct_host.sudo_refused(text_err, p["pct_path"], p["pct_become_method"])
+        if refused:
+            raise _pct_host.PctHostFailure(refused, changed=False)
+        result["ct_status"] = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
+        if hung:
+            raise _pct_host.PctHostFailure(
+                "`pct %s %d` did not return within command_timeout=%ds; killed it (and its process group) on the host" % (op, vmid, bound),
+                timed_out=True,
+            )
+        if rc != 0:
+            if _ALREADY.get(op) == result["ct_status"] and _pct.classify_failure(text_err) == _pct.FAIL_STOPPED:
+                # stopped meanwhile (by a reboot that failed while starting, for example): the goal holds
+                module.exit_json(**dict(result, changed=False, msg="container %d is already %s" % (vmid, result["ct_status"])))
+            last = [line for line in text_err.splitlines() if line.strip()]
+            raise _pct_host.PctHostFailure("`pct %s %d` failed (rc %d): %s" % (op, vmid, rc, last[-1] if last else "no message"))
+    except _pct_host.PctHostFailure as e:
+        result.update(e.result)
+        module.fail_json(msg=e.msg, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The incident, end to end, as the lab's ``pveops``: only ``pveops ALL=(root) NOPASSWD: /usr/sbin/pct`` on the host.
+
+``-e ansible_user=pveops`` makes both logins pveops: the PVE host's
+(``lab-pve``, OpenSSH: pre-flight and restart rung) and the containers'
+(``pct_ssh``). No become anywhere. The lab's pct refuses a caller that is not
+root (like pct's ``ipcc_send_rec`` permission error), so every step that reached
+pct on the host went through ``sudo -n /usr/sbin/pct`` under that one rule.
+
+1. the incident: the ``stubborn`` trainer (Ctrl-C ignored) is stopped and the GPUs
+   are proved free;
+2. the last rung: GPU memory held by a stray process and ``pct reboot`` hanging
+   (the lab's reboot-hang fault): the reboot fails, ``pct stop`` + ``pct start``
+   bring CT200 back, its status is polled, all as pveops.
+
+Results come from the JSON callback: each pct step's ``cmd`` must start with
+``sudo -n /usr/sbin/pct``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+
+def _helpers():
+    """The role test's lab helpers, loaded under their own name (test modules share one namespace)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("stop_training_lab_helpers", Path(__file__).with_name("test_role_stop_training.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_h = _helpers()
+lab = _h.lab
+reboot_hang = _h.reboot_hang
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+
+PVEOPS = {"ansible_user": "pveops"}
+SUDO_PCT = ["sudo", "-n", "/usr/sbin/pct"]
+
+
+def play_json(extra: dict) -> tuple[int, dict, str]:
+    """The playbook as pveops; returns (rc, {task name: [results for ct200]}, stderr)."""
+    env = dict(_h.env(), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    done = subprocess.run(_h.argv(dict(extra, **PVEOPS)), cwd=_h.ROOT, env=env, capture_output=True, text=True, timeout=800, check=False)
+    try:
+        data = json.loads(done.stdout)
+    except ValueError:
+        raise AssertionError("no JSON (rc %s): %s %s" % (done.returncode, done.stdout[-3000:], done.stderr[-3000:])) from None
+    tasks: dict = {}
+    for play in data["plays"]:
+        for task in play["tasks"]:
+            if "ct200" in task["hosts"]:
+                tasks.setdefault(task["task"]["name"], []).append(task["hosts"]["ct200"])
+    return done.returncode, tasks, done.stderr
+
+
+def task(tasks: dict, prefix: str) -> dict:
+    """The last result of the task whose name starts with PREFIX (names may hold unrendered templates)."""
+    found = [results for name, results in tasks.items() if name.split(" : ", 1)[-1].startswith(prefix)]  # "role : name"
+    assert len(found) == 1, (prefix, sorted(tasks))
+    return found[0][-1]
+
+
+def summary(tasks: dict) -> str:
+    return "\n".join(task(tasks, "Report | Summary")["msg"])
+
+
+def only_pct_rule(status: dict) -> None:
+    users = status.get("users", {})
+    assert users.get("pveops", {}).get("sudo") == "NOPASSWD: /usr/sbin/pct", users
+
+
+def test_incident_end_to_end_as_pveops_with_only_the_pct_sudo_rule(lab):
+    only_pct_rule(lab)
+    _h.trainer("stubborn")
+    assert _h.trainer_pids(lab)
+    decoys = _h.decoy_pids(lab)
+    rc, tasks, err = play_json(_h.STUBBORN)
+    assert rc == 0, err[-3000:]
+    pre = task(tasks, "Pre-flight | Is the container running (asked on its PVE host)")
+    assert pre["cmd"][:3] == SUDO_PCT and pre["ct_status"] == "running", pre
+    text = summary(tasks)
+    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free" in text, text
+    assert not _h.trainer_pids(lab)
+    assert _h.decoy_pids(lab) == decoys
+    assert max(_h.gpu_used(lab).values()) <= 512
+    assert _h.lock_holder(lab) is None
+
+
+def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
+    only_pct_rule(lab)
+    _h.trainer("graceful")
+    _h.ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345 >/dev/null 2>&1 </dev/null")
+    stray = _h.wait_for(lambda: {p for p, a in _h.ct_processes(lab).items() if "fakegpu.py hold" in a}, 30, "the stray holder")
+    init_before = _h.ct_init_pid(lab)
+    try:
+        rc, tasks, err = play_json({"stop_training_gpu_timeout": 10, "stop_training_restart_container": True,
+                                    "stop_training_restart_timeout": 8})
+        assert rc == 0, err[-3000:]
+        reboot = task(tasks, "Restart | pct reboot (bounded by stop_training_restart_timeout)")
+        assert reboot["failed"] and reboot["cmd"] == SUDO_PCT + ["reboot", "200", "--timeout", "8"], reboot
+        assert "container did not stop" in reboot["stderr_lines"], reboot
+        stop = task(tasks, "Restart | pct stop after the failed reboot")
+        start = task(tasks, "Restart | pct start")
+        assert stop["changed"] and stop["cmd"] == SUDO_PCT + ["stop", "200"] and stop["ct_status"] == "stopped", stop
+        assert start["changed"] and start["cmd"] == SUDO_PCT + ["start", "200"] and start["ct_status"] == "running", start
+        polled = task(tasks, "Restart | Wait until the container is running again")
+        assert polled["cmd"] == SUDO_PCT + ["status", "200"] and polled["ct_status"] == "running"
+        text = summary(tasks)
+        assert "LAST RUNG WAS NEEDED: CT 200 was restarted from lab-pve (pct stop + pct start" in text, text
+        assert _h.lab_status()["containers"]["200"] == "running"
+        assert _h.ct_init_pid(lab) not in (None, init_before)
+        assert not {p for p, a in _h.ct_processes(lab).items() if "fakegpu.py hold" in a}
+        assert max(_h.gpu_used(lab).values()) <= 512
+        assert _h.lock_holder(lab) is None
+    finally:
+        if (_h.lab_status() or {}).get("containers", {}).get("200") == "running":
+            for pid in {p for p, a in _h.ct_processes(lab).items() if "fakegpu.py hold" in a} & stray:
+                _h.ct(lab, "kill", "-KILL", str(pid), check=False)

@@ -1,0 +1,90 @@
+"""pct_ssh warns once per ssh-only variable it ignores, naming what to set instead.
+
+The table is compared with the two plugins' own docs (ansible-core's ssh and
+pct_ssh), so a variable added to ansible.builtin.ssh shows up here. The
+warnings are seen through the real ansible-playbook: two hosts, two tasks,
+one warning per name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import yaml
+
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh_vars
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+BIN = os.path.dirname(sys.executable)
+
+
+def _doc_vars(documentation: str) -> dict:
+    doc = yaml.safe_load(documentation)
+    return {v["name"]: name for name, opt in doc["options"].items() for v in opt.get("vars") or [] if "[" not in v["name"]}
+
+
+def _pct_ssh_doc() -> str:
+    src = open(os.path.join(ROOT, "plugins", "connection", "pct_ssh.py"), encoding="utf-8").read()
+    start = src.index('DOCUMENTATION = r"""') + len('DOCUMENTATION = r"""')
+    return src[start : src.index('"""', start)]
+
+
+def test_table_is_exactly_the_ssh_variables_pct_ssh_does_not_use():
+    from ansible.plugins.connection import ssh
+
+    ssh_vars = _doc_vars(ssh.DOCUMENTATION)
+    pct_vars = _doc_vars(_pct_ssh_doc())
+    used = {name for name, option in pct_vars.items() if option != "ssh_only_vars"}
+    assert set(_pct_ssh_vars.SSH_ONLY_VARS) == set(ssh_vars) - used
+    # and the plugin declares exactly those names, so Ansible hands them over
+    assert {name for name, option in pct_vars.items() if option == "ssh_only_vars"} == set(_pct_ssh_vars.SSH_ONLY_VARS)
+
+
+def test_every_named_replacement_is_a_pct_ssh_variable():
+    pct_vars = _doc_vars(_pct_ssh_doc())
+    for name, advice in _pct_ssh_vars.SSH_ONLY_VARS.items():
+        for word in advice.replace(",", " ").replace("(", " ").replace(")", " ").split():
+            if word.startswith("ansible_"):
+                assert word in pct_vars and pct_vars[word] != "ssh_only_vars", (name, word)
+
+
+def test_messages_name_the_variable_and_the_fix_without_hosts():
+    msgs = _pct_ssh_vars.ignored_var_warnings(["ansible_ssh_pipelining", "ansible_user", "ansible_ssh_common_args"])
+    assert msgs == [
+        "pct_ssh ignores ansible_ssh_common_args, a variable of ansible.builtin.ssh: pct_ssh logs in with paramiko, "
+        "not the ssh command, so ssh options do not apply; for a jump host set ansible_paramiko_proxy_command.",
+        "pct_ssh ignores ansible_ssh_pipelining, a variable of ansible.builtin.ssh: "
+        "set ansible_pct_ssh_pipelining (or ansible_pipelining) instead.",
+    ]
+    assert _pct_ssh_vars.ignored_var_warnings(["ansible_user", "ansible_pipelining"]) == []
+
+
+def test_ansible_playbook_warns_once_per_name(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed: options are read before any connection
+    common = dict(
+        ansible_connection="gpuops.repurpose.pct_ssh", ansible_host="127.0.0.1", ansible_port=port, ansible_ssh_timeout=3,
+        proxmox_vmid=200, ansible_pct_ssh_control_path_dir=str(tmp_path / "cp"),
+        ansible_ssh_pipelining=False, ansible_ssh_common_args="-o ProxyJump=bastion.example.internal",
+    )
+    hosts = {"a": dict(common), "b": dict(common), "plain": {k: v for k, v in common.items() if not k.startswith("ansible_ssh_") or k == "ansible_ssh_timeout"}}
+    (tmp_path / "inv.json").write_text(json.dumps({"all": {"hosts": hosts}}))
+    (tmp_path / "play.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  ignore_unreachable: true\n  ignore_errors: true\n"
+        "  tasks:\n    - ansible.builtin.raw: 'true'\n    - ansible.builtin.raw: 'true'\n"
+    )
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    done = subprocess.run(
+        [os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "inv.json"), str(tmp_path / "play.yml")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    out = " ".join((done.stdout + done.stderr).split())  # warnings are wrapped to the terminal width
+    assert out.count("pct_ssh ignores ansible_ssh_pipelining") == 1, out[-3000:]
+    assert out.count("set ansible_pct_ssh_pipelining (or ansible_pipelining) instead") == 1
+    assert out.count("pct_ssh ignores ansible_ssh_common_args") == 1
+    assert out.count("pct_ssh ignores") == 2
