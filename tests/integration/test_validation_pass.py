@@ -173,3 +173,17 @@ def test_a_pipeline_that_fails_after_launch_fails_the_play_with_its_journal(runn
     finally:
         ct(running_trainer, "systemctl", "stop", "datagen-pipeline.service", check=False)
         ct(running_trainer, "systemctl", "reset-failed", "datagen-pipeline.service", check=False)
+
+
+def test_missing_session_with_signal_stops_the_job_with_sigint_without_waiting_on_tmux(running_trainer):
+    """For real: the Ctrl-C rung becomes a SIGINT straight to the matched launcher; it ends the job."""
+    assert trainer_pids(running_trainer)
+    try:
+        rc, out = play({"stop_training_tmux_session": "dflsh", "stop_training_missing_session": "signal"})
+        assert rc == 0, out[-3000:]
+        out = flat(out)
+        assert "Ctrl-C cannot be delivered" in out
+        assert "by rung SIGINT" in out and "by rung SIGINT via tmux" not in out, out[-3000:]
+        assert not trainer_pids(running_trainer)
+    finally:
+        trainer("graceful")
