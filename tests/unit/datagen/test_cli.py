@@ -55,3 +55,54 @@ def test_status_goes_to_the_generate_side(tmp_path):
 def test_usage_errors():
     assert datagen().returncode == 2
     assert datagen("frobnicate", "--config", "x").returncode == 2
+
+
+def test_check_config_reports_every_problem_the_stages_would_and_runs_nothing(tmp_path):
+    """The keys, the sources and the generate stage's sampling settings, all at once, exit 2."""
+    sources = fx.six_sources(tmp_path, 2)
+    sources[1]["path"] = "missing/gone.jsonl"
+    cfg = fx.write_config(tmp_path, sources, sampling={"temprature": 0.7})
+    p = datagen("check-config", "--config", cfg)
+    assert p.returncode == 2 and p.stdout == ""
+    assert f"sources[1].path: file not found: {tmp_path}/missing/gone.jsonl" in p.stderr
+    assert "sampling.temprature: unknown sampling parameter; use one of" in p.stderr and "temperature" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not os.path.exists(tmp_path / "work")  # nothing ran
+
+
+def test_check_config_without_inputs_lists_them_resolved_where_the_config_will_live(tmp_path):
+    """--no-inputs: the inputs live on the node; they are listed (node paths), not opened."""
+    sources = [{"name": "a", "adapter": "messages", "category": "general", "path": "sources/a.jsonl"},
+               {"name": "b", "adapter": "messages", "category": "general", "path": ["/data/b1.jsonl", "/data/b*.jsonl"]}]
+    cfg = fx.write_config(tmp_path, sources, target_mix={"general": 1.0}, tokenizer="/srv/tok",
+                          existing_dataset={"path": "/srv/existing.jsonl"})
+    p = datagen("check-config", "--config", cfg, "--no-inputs", "--base-dir", "/opt/datagen")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["valid"] is True and out["inputs_checked"] is False
+    assert out["inputs"] == [
+        {"key": "sources[0].path", "path": "/opt/datagen/sources/a.jsonl"},
+        {"key": "sources[1].path[0]", "path": "/data/b1.jsonl"},
+        {"key": "sources[1].path[1]", "path": "/data/b*.jsonl"},
+        {"key": "existing_dataset.path", "path": "/srv/existing.jsonl"},
+        {"key": "tokenizer", "path": "/srv/tok"},
+    ]
+    # the same config with its inputs opened here fails on each of them
+    p = datagen("check-config", "--config", cfg)
+    assert p.returncode == 2
+    assert "sources[0].path: file not found" in p.stderr and "tokenizer: directory not found: /srv/tok" in p.stderr
+
+
+def test_a_finished_stage_writes_the_ready_marker(tmp_path):
+    """pipeline.ready.json: the stage the pipeline got to past its start-up (the role waits for it)."""
+    cfg = fx.write_config(tmp_path, fx.six_sources(tmp_path, 3))
+    assert not os.path.exists(tmp_path / "work" / "pipeline.ready.json")
+    p = datagen("prepare", "--config", cfg)
+    assert p.returncode == 0, p.stderr
+    marker = json.loads((tmp_path / "work" / "pipeline.ready.json").read_text())
+    assert marker["stage"] == "prepare" and marker["why"] == "stage finished"
+    # a failing stage writes none
+    (tmp_path / "work" / "pipeline.ready.json").unlink()
+    p = datagen("tokenize", "--config", cfg)
+    assert p.returncode != 0
+    assert not os.path.exists(tmp_path / "work" / "pipeline.ready.json")

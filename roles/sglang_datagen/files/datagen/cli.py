@@ -2,20 +2,31 @@
 
 Exit status: 0 done (or skipped, unchanged), 2 bad config or arguments, 1 the stage failed
 (the message on stderr says why and what to do).
+
+``check-config`` runs every check the stages run on a config (the keys, the sources, the
+``generate`` and ``sampling`` settings) without running anything; the role runs it before it
+touches a host. While the stages run, ``pipeline.ready.json`` in the work directory says how far
+the pipeline got past its start-up (the role waits for it after launching the unit).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-from typing import Any, Dict, List, Optional
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
 
 from datagen import __version__, paths
-from datagen.config import ConfigError, load_config
+from datagen.config import ConfigError, declared_inputs, load_config, load_raw
 from datagen.util import DatagenError
 
 STAGES = ("prepare", "generate", "tokenize", "merge", "report", "status")
+PIPELINE = ("prepare", "generate", "tokenize", "merge", "report")
+READY = "pipeline.ready.json"
+_READY_POLL_S = 0.5
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,13 +45,73 @@ def _parser() -> argparse.ArgumentParser:
         "merge": "merge new shards with the existing dataset toward the target mix",
         "report": "composition table and PNG charts of the mix before/after and token lengths",
         "status": "progress of generation (also while it runs in another process)",
+        "check-config": "check the config as every stage would (keys, sources, sampling, generate); run nothing",
     }
-    for name in STAGES:
+    for name in STAGES + ("check-config",):
         sp = sub.add_parser(name, help=helps[name])
         sp.add_argument("--config", "-c", required=True, help="path to datagen.yml")
         if name in ("prepare", "tokenize", "merge", "report"):
             sp.add_argument("--force", action="store_true", help="redo even when inputs and config are unchanged")
+    check = sub.choices["check-config"]
+    check.add_argument("--no-inputs", action="store_true",
+                       help="do not open the input files (they live on another machine): list them in 'inputs'")
+    check.add_argument("--base-dir", help="resolve relative input paths against this directory "
+                                          "(where the config will live) instead of the config file's")
     return p
+
+
+def check_config(config_path: str, check_inputs: bool = True, base_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Every check the stages make on a config, all problems at once (``ConfigError``), nothing run.
+
+    The core keys and the sources (``datagen.config``), then the ``servers``/``model``/``sampling``/
+    ``generate`` settings the generate stage reads (``datagen.gen.settings``, imported directly so
+    the check needs no HTTP client).
+    """
+    raw = load_raw(config_path)
+    errors: List[str] = []
+    try:
+        load_config(config_path, check_inputs=check_inputs)
+    except ConfigError as exc:
+        errors += exc.errors
+    from datagen.gen.settings import settings_from_config
+
+    try:
+        settings_from_config(raw)
+    except ConfigError as exc:
+        errors += [line for line in getattr(exc, "errors", [str(exc)]) if line not in errors]
+    if errors:
+        raise ConfigError(errors)
+    base = base_dir or os.path.dirname(os.path.abspath(config_path))
+    return {
+        "config": os.path.abspath(config_path),
+        "valid": True,
+        "inputs_checked": check_inputs,
+        "inputs": [{"key": key, "path": path} for key, path in declared_inputs(raw, base)],
+    }
+
+
+def mark_ready(work_dir: str, stage: str, why: str) -> None:
+    """Say the pipeline got past its start-up up to ``stage`` (atomic: a reader never sees half a file)."""
+    os.makedirs(work_dir, exist_ok=True)
+    path = paths.in_work(work_dir, READY)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"stage": stage, "why": why, "pid": os.getpid(), "time": time.time()}, fh)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def _watch_first_answers(progress_path: str, on_ready: Callable[[], None], stop: threading.Event) -> None:
+    """Call ``on_ready`` once the generate run's own progress file shows a response written this run."""
+    while not stop.wait(_READY_POLL_S):
+        try:
+            with open(progress_path, encoding="utf-8") as fh:
+                progress = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if progress.get("pid") == os.getpid() and int(progress.get("written") or 0) > 0:
+            on_ready()
+            return
 
 
 def _generate_api():
@@ -63,7 +134,17 @@ def run(stage: str, config_path: str, force: bool = False) -> Dict[str, Any]:
     if stage == "generate":
         gen = _generate_api()
         settings = gen.settings_from_config(cfg.raw)
-        return gen.run_generate(settings, paths.in_work(cfg.work_dir, paths.PROMPTS), cfg.work_dir)
+        # The servers answered: the first response is on disk (the progress file says so).
+        stop = threading.Event()
+        watcher = threading.Thread(
+            target=_watch_first_answers, daemon=True,
+            args=(os.path.join(cfg.work_dir, getattr(gen, "GENERATE_PROGRESS", "generate.progress.json")),
+                  lambda: mark_ready(cfg.work_dir, "generate", "first responses written"), stop))
+        watcher.start()
+        try:
+            return gen.run_generate(settings, paths.in_work(cfg.work_dir, paths.PROMPTS), cfg.work_dir)
+        finally:
+            stop.set()
     if stage == "status":
         return _generate_api().read_status(cfg.work_dir)
     if stage == "tokenize":
@@ -84,7 +165,12 @@ def run(stage: str, config_path: str, force: bool = False) -> Dict[str, Any]:
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        result = run(args.stage, args.config, getattr(args, "force", False))
+        if args.stage == "check-config":
+            result = check_config(args.config, not args.no_inputs, args.base_dir)
+        else:
+            result = run(args.stage, args.config, getattr(args, "force", False))
+            if args.stage in PIPELINE:
+                _mark_stage_done(args.config, args.stage)
     except ConfigError as exc:
         print(f"datagen {args.stage}: {exc}", file=sys.stderr)
         return 2
@@ -99,3 +185,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     json.dump(result, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
     return 0
+
+
+def _mark_stage_done(config_path: str, stage: str) -> None:
+    """A finished stage is past its start-up too (generate with nothing left to ask, or a later stage)."""
+    mark_ready(load_config(config_path, check_inputs=False).work_dir, stage, "stage finished")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
@@ -371,3 +371,34 @@ def load_raw(path: str) -> Dict[str, Any]:
 
 def load_config(path: str, check_inputs: bool = True) -> Config:
     return validate(load_raw(path), path, check_inputs)
+
+
+def declared_inputs(raw: Dict[str, Any], base_dir: str) -> List[Tuple[str, str]]:
+    """``(key, absolute path)`` of every local input the config names, without opening any of them.
+
+    The sources' ``path`` entries (files, directories or globs), ``existing_dataset.path`` and a local
+    ``tokenizer`` directory, resolved against ``base_dir`` (where the config lives on the node). Lets a
+    controller check a config whose inputs live on another machine.
+    """
+    def resolve(p: str) -> str:
+        return os.path.normpath(os.path.join(base_dir, os.path.expanduser(p)))
+
+    def listed(key: str, value: Any) -> List[Tuple[str, str]]:
+        items = value if isinstance(value, list) else [value]
+        return [(f"{key}[{i}]" if isinstance(value, list) else key, resolve(item))
+                for i, item in enumerate(items) if isinstance(item, str) and item]
+
+    out: List[Tuple[str, str]] = []
+    sources = raw.get("sources")
+    for i, src in enumerate(sources if isinstance(sources, list) else []):
+        if isinstance(src, dict) and src.get("path") is not None:
+            out += listed(f"sources[{i}].path", src["path"])
+    existing = raw.get("existing_dataset")
+    if isinstance(existing, str):
+        existing = {"path": existing}
+    if isinstance(existing, dict) and existing.get("path") is not None:
+        out += listed("existing_dataset.path", existing["path"])
+    tokenizer = raw.get("tokenizer")
+    if isinstance(tokenizer, str) and (tokenizer.startswith((".", "/", "~")) or os.path.isabs(tokenizer)):
+        out.append(("tokenizer", resolve(tokenizer)))
+    return out

@@ -1,0 +1,189 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The playbook's validation pass, against the CT200 lab, as an operator makes the mistakes.
+
+Each mistake must fail (or warn) with a message that names the variable, the cause and the
+fix, before the run lock, the plan and any signal: the lab trainer's pids are the same
+before and after, and no lock holder is left. The datagen half is validated before the
+stop half runs (its config through the pipeline's own ``datagen check-config``), and a
+pipeline that can only fail after launch fails the play with its journal lines.
+Skipped with the reason when the lab is not up.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+
+import pytest
+import yaml
+from test_role_stop_training import (
+    INVENTORY,
+    LAB,
+    ROOT,
+    ct,
+    env,
+    lock_holder,
+    play,
+    trainer,
+    trainer_pids,
+)
+
+pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+
+LAB_VARS = yaml.safe_load((INVENTORY / "group_vars" / "training_containers.yml").read_text())
+CONVERGE = ROOT / "tests" / "integration" / "sglang_datagen" / "converge.yml"
+WITH_DATAGEN = {"repurpose_datagen": True}
+
+
+def lab_config(**changes) -> dict:
+    """The lab's datagen config (inventories/lab) with ``changes`` on top (extra vars replace it whole)."""
+    config = copy.deepcopy(LAB_VARS["sglang_datagen_config"])
+    config.update(changes)
+    return config
+
+
+@pytest.fixture(scope="module")
+def running_trainer():
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the CT200 lab needs root")
+    done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
+    try:
+        status = json.loads(done.stdout)
+    except ValueError:
+        status = {}
+    if not status.get("up") or status.get("containers", {}).get("200") != "running":
+        pytest.skip("the CT200 lab is not up with CT200 running (run: tests/lab/lab up)")
+    trainer("graceful")
+    return status
+
+
+def flat(out: str) -> str:
+    """The output with YAML's line wrapping undone (a message may wrap anywhere)."""
+    return " ".join(out.split())
+
+
+def refused_before_anything(status: dict, before: set[int], rc: int, out: str) -> None:
+    """Failed in the validation play: no lock, no plan, no signal, the trainer untouched."""
+    assert rc != 0, out[-3000:]
+    assert "PLAY [Repurpose training containers for data generation]" not in out, out[-3000:]
+    assert "Stop | Plan" not in out and "Lock |" not in out
+    assert lock_holder(status) is None
+    assert trainer_pids(status) == before
+
+
+MISTAKES = [
+    # the datagen half is checked before the stop half, by the pipeline's own validator
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(sampling={"max_tokens": 64, "temprature": 0.7})),
+                 ["sglang_datagen_config.sampling.temprature: unknown sampling parameter", "temperature",
+                  "python -m datagen check-config"], id="datagen-config-typo"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(sources=[
+        {"name": "lab", "adapter": "messages", "category": "general", "path": "/srv/datagen/sources/missing.jsonl"}])),
+                 ["sglang_datagen_config.sources[0].path: not found: /srv/datagen/sources/missing.jsonl",
+                  "sglang_datagen_extra_files"], id="datagen-source-missing"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_server_command="", sglang_datagen_model_path=""),
+                 ["sglang_datagen_model_path is empty"], id="datagen-empty-model-path"),
+    # the stop half
+    pytest.param({"stop_training_kill_timeout": "sixty"},
+                 ['stop_training_kill_timeout="sixty" is not a number', "set stop_training_kill_timeout to a number"],
+                 id="type-error-one-line"),
+    pytest.param({"stop_training_vmid": "200 "}, ['got "200 "', "proxmox_vmid"], id="vmid-with-a-space-quoted"),
+    pytest.param({"stop_training_vmid": 999}, ["CT 999 does not exist on lab-pve", "pct list", "Set stop_training_vmid"],
+                 id="vmid-no-such-container"),
+    pytest.param({"stop_training_match": "fake_trainer(\\.py"},
+                 ["stop_training_match=", "is not a valid regular expression", "missing )"], id="bad-match-regex"),
+    pytest.param({"stop_training_exclude": ["[unclosed"]},
+                 ["stop_training_exclude[0]=", "is not a valid regular expression"], id="bad-exclude-regex"),
+    pytest.param({"stop_training_tmux_session": "dflsh"},
+                 ['stop_training_tmux_session="dflsh": no such tmux session in CT 200', "dflash",
+                  "still selects", "Ctrl-C cannot be delivered", "stop_training_missing_session=signal"],
+                 id="tmux-session-typo"),
+    pytest.param({"stop_training_tmux_sesion": "dflash", "stop_training_strict_vars": True},
+                 ["stop_training_tmux_sesion is not a variable of this role (did you mean stop_training_tmux_session?)"],
+                 id="variable-name-typo-strict"),
+    pytest.param({"ansible_user": "pvenosudo"},
+                 ["pct needs root", "sudo rule", "/usr/sbin/pct", "stop_training_pve_become=true"],
+                 id="non-root-pve-user"),
+]
+
+
+@pytest.mark.parametrize(("extra", "named"), MISTAKES)
+def test_each_mistake_is_named_with_its_fix_before_anything_is_touched(running_trainer, extra, named):
+    before = trainer_pids(running_trainer)
+    assert before, "the lab trainer is not running"
+    rc, out = play(extra)
+    refused_before_anything(running_trainer, before, rc, out)
+    for needle in named:
+        assert needle in flat(out), f"{needle!r} not in:\n{out[-3000:]}"
+    assert "Traceback" not in out and "_AnsibleTaggedStr" not in out
+    assert "pct start 999" not in out
+
+
+def test_check_mode_runs_the_same_pass(running_trainer):
+    before = trainer_pids(running_trainer)
+    rc, out = play(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(sampling={"temprature": 0.7})), "--check")
+    refused_before_anything(running_trainer, before, rc, out)
+    assert "sglang_datagen_config.sampling.temprature" in flat(out)
+
+
+def test_a_variable_name_typo_is_a_warning_with_the_closest_name(running_trainer):
+    before = trainer_pids(running_trainer)
+    rc, out = play({"stop_training_tmux_sesion": "x"}, "--check")
+    assert rc == 0, out[-3000:]
+    out = flat(out)
+    assert "WARNING: stop_training: unknown variables" in out
+    assert "stop_training_tmux_sesion is not a variable of this role (did you mean stop_training_tmux_session?)" in out
+    assert trainer_pids(running_trainer) == before
+
+
+def test_missing_session_with_signal_says_ctrl_c_cannot_be_delivered_in_the_plan(running_trainer):
+    before = trainer_pids(running_trainer)
+    rc, out = play({"stop_training_tmux_session": "dflsh", "stop_training_missing_session": "signal"}, "--check")
+    assert rc == 0, out[-3000:]
+    out = flat(out)
+    assert 'tmux session "dflsh" does not exist: Ctrl-C cannot be delivered' in out
+    assert "SIGINT goes straight to the processes stop_training_match selects" in out
+    # the plan's ladder has no tmux rung left to wait on
+    plan = out[out.index("DRY RUN (check mode): nothing will be signalled"):]
+    ladder = plan.split("Ladder:")[1].split("'")[0]
+    assert "Will stop" in plan and "SIGINT" in ladder and "tmux" not in ladder, ladder
+    assert trainer_pids(running_trainer) == before
+
+
+def test_a_pipeline_that_fails_after_launch_fails_the_play_with_its_journal(running_trainer):
+    """A glob that matches nothing passes the up-front check (its directory exists); prepare then
+    refuses it, the unit loops in auto-restart, and the play fails with the journal lines."""
+    bad = lab_config(sources=[{"name": "lab", "adapter": "messages", "category": "general",
+                               "path": "/srv/datagen/sources/*.parquet"}])
+    cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(INVENTORY), str(CONVERGE),
+           "-e", json.dumps({"sglang_datagen_config": bad, "sglang_datagen_pipeline_ready_timeout": 120})]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=800, check=False)
+        out = flat(done.stdout + done.stderr)
+        assert done.returncode != 0, out[-3000:]
+        assert "datagen-pipeline.service failed and loops in auto-restart" in out or \
+            "datagen-pipeline.service failed" in out, out[-3000:]
+        assert "no .jsonl/.json/.parquet file matches /srv/datagen/sources/*.parquet" in out, out[-3000:]
+        assert "pipeline: running" not in out and "pipeline: started" not in out
+    finally:
+        ct(running_trainer, "systemctl", "stop", "datagen-pipeline.service", check=False)
+        ct(running_trainer, "systemctl", "reset-failed", "datagen-pipeline.service", check=False)
+
+
+def test_missing_session_with_signal_stops_the_job_with_sigint_without_waiting_on_tmux(running_trainer):
+    """For real: the Ctrl-C rung becomes a SIGINT straight to the matched launcher; it ends the job."""
+    assert trainer_pids(running_trainer)
+    try:
+        rc, out = play({"stop_training_tmux_session": "dflsh", "stop_training_missing_session": "signal"})
+        assert rc == 0, out[-3000:]
+        out = flat(out)
+        assert "Ctrl-C cannot be delivered" in out
+        assert "by rung SIGINT" in out and "by rung SIGINT via tmux" not in out, out[-3000:]
+        assert not trainer_pids(running_trainer)
+    finally:
+        trainer("graceful")
