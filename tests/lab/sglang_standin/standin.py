@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import logging
 import os
 import random
 import signal
@@ -85,6 +86,20 @@ def _text_of(content: Any) -> str:
     if isinstance(content, list):  # OpenAI content parts
         return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
     return "" if content is None else json.dumps(content)
+
+
+class _OneLineForBadRequests(logging.Filter):
+    """A request that is not HTTP/1 (sglang-router probes a worker over gRPC when /health fails) is one line,
+    as uvicorn logs it under real SGLang ("Invalid HTTP request received."), not a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and type(exc).__name__ == "BadHttpMessage":
+            record.msg, record.args, record.exc_info = "WARNING:  Invalid HTTP request received.", (), None
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_OneLineForBadRequests())
 
 
 def load_tokenizer(path: str) -> Any:
