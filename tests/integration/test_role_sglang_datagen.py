@@ -105,6 +105,24 @@ print(json.dumps({w["url"]: w["is_healthy"] for w in listed}))
 """
 
 
+LISTENERS_PY = r"""
+import json, sys
+port = "%04X" % int(sys.argv[1])
+out = []
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A" and local.endswith(":" + port):
+            out.append(local.rsplit(":", 1)[0])
+print(json.dumps(sorted(out)))
+"""
+
+
+def listeners(lab, port):
+    """The local addresses (hex, as /proc/net/tcp{,6} writes them) listening on ``port`` in CT200."""
+    return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", LISTENERS_PY, str(port)).stdout)
+
+
 def router_workers(lab):
     """{url: healthy} from the real router's worker list (GET /workers), read inside CT200."""
     return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", ROUTER_WORKERS_PY, ROUTER).stdout)
@@ -169,8 +187,8 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
                     "import importlib.metadata as m; print(m.version('sglang-router'))").stdout.strip()
     assert version == "0.3.2"
     assert in_ct(lab, "/opt/datagen/venv/bin/python", "-m", "pip", "check", check=False).returncode == 0
-    listening = in_ct(lab, "ss", "-Htlnp").stdout
-    assert "127.0.0.1:29000" in listening and "0.0.0.0:29000" not in listening and "*:29000" not in listening
+    # the router's metrics listener: 127.0.0.1:29000 only (sglang-router binds 0.0.0.0 unless told)
+    assert listeners(lab, 29000) == ["0100007F"]
     nofile = in_ct(lab, "systemctl", "show", "-p", "LimitNOFILE", "datagen-pipeline.service").stdout.strip()
     assert nofile == f"LimitNOFILE={2 * 16 + 1024}", nofile  # concurrency 16, one server (the router)
 
