@@ -219,7 +219,9 @@ class StandIn:
                                       f"prompt is {prompt_tokens} tokens, longer than the context "
                                       f"{self.a.context_length}"}, status=400)
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 128)
-        seed = int(body.get("seed") or 0)
+        # SGLang samples with a request's seed only under --enable-deterministic-inference
+        # (srt/sampling/sampling_batch_info.py); otherwise the seed is ignored
+        seed = int(body.get("seed") or 0) if self.a.enable_deterministic_inference else 0
         last = messages[-1]
         prompt = _text_of(last.get("content")) + "|" + str(len(messages))
         text, n, finish = self._completion(prompt, max_tokens, seed)
@@ -382,6 +384,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--not-ready-while", default="", metavar="FILE",
                     help="/health and /health_generate answer 503 while FILE exists ({port}: the bound port), "
                          "as a worker still starting")
+    ap.add_argument("--enable-deterministic-inference", action="store_true",
+                    help="SGLang's flag: only then does a request's seed change the answer")
     ap.add_argument("--reasoning-parser", default=None, help="SGLang's flag; reported by /model_info")
     ap.add_argument("--tool-call-parser", default=None, help="SGLang's flag; reported by /model_info")
     ap.add_argument("--listen-delay", type=float, default=0.0, help="seconds before the port is opened")

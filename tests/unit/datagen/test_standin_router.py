@@ -128,6 +128,43 @@ def test_standin_worker_follows_sglangs_startup_and_model_endpoints(tmp_path):
         assert get_status(w.url + "/health_generate")[0] == 200
 
 
+def test_standin_ignores_the_seed_unless_deterministic_inference_is_on():
+    def answer(url, seed):
+        return chat(url, "same question", seed=seed, temperature=1.0)["choices"][0]["message"]["content"]
+
+    with StandinProcess([], model="m") as plain:
+        assert answer(plain.url, 1) == answer(plain.url, 2) == answer(plain.url, None)
+    with StandinProcess(["--enable-deterministic-inference"], model="m") as det:
+        assert answer(det.url, 1) != answer(det.url, 2)
+        assert answer(det.url, 1) == answer(det.url, 1)
+
+
+def test_router_passes_exactly_the_chat_fields_the_role_allows_in_extra_body(tmp_path):
+    # the role refuses extra_body keys outside vars/main.yml's list; measure the list against the real router:
+    # every listed field reaches the worker, and the fields it drops do not
+    import yaml
+
+    allowed = yaml.safe_load(open(os.path.join(ROOT, "roles", "sglang_datagen", "vars", "main.yml")))[
+        "sglang_datagen__router_chat_fields"]
+    values = {"logit_bias": {"1": 0.5}, "response_format": {"type": "text"}, "stop_token_ids": [1],
+              "reasoning_effort": "low", "chat_template_kwargs": {}, "session_params": {}, "stop": "x",
+              "ebnf": "x", "regex": "x", "lora_path": "x"}
+    bools = {"continue_final_message", "ignore_eos", "logprobs", "no_stop_trim", "parallel_tool_calls",
+             "return_hidden_states", "separate_reasoning", "skip_special_tokens", "stream_reasoning"}
+    dropped = ["return_token_ids", "return_prompt_token_ids", "rid", "user", "input_ids", "custom_params"]
+    record = tmp_path / "requests.jsonl"
+    with StandinProcess(["--record-requests", str(record)], model="m") as w, RouterProcess([w.url]) as r:
+        for field in allowed + dropped:
+            value = values.get(field, True if field in bools or field in dropped[:2] else 1)
+            extra = {"logprobs": True} if field == "top_logprobs" else {}
+            body = {"model": "m", "messages": [{"role": "user", "content": field}], field: value, **extra}
+            post(r.url + "/v1/chat/completions", body)
+    got = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(got) == len(allowed) + len(dropped)
+    assert [f for f, g in zip(allowed, got) if f not in g] == []
+    assert [f for f, g in zip(dropped, got[len(allowed):]) if f in g] == []
+
+
 def test_standin_has_no_router_mode_of_its_own():
     done = subprocess.run([sys.executable, STANDIN, "--worker-urls", "http://127.0.0.1:31000"],
                           capture_output=True, text=True, timeout=60, check=False)
