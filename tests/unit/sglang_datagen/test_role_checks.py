@@ -26,7 +26,8 @@ def run_tasks(tmp_path: Path, tasks_from: str, role_vars: dict, show: str = "") 
     playbook = tmp_path / "play.yml"
     playbook.write_text(json.dumps(play))
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", str(playbook)], capture_output=True,
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-e",
+                           f"ansible_python_interpreter={sys.executable}", str(playbook)], capture_output=True,
                           text=True, timeout=120, cwd=str(ROOT), env=env, check=False)
 
 
@@ -89,3 +90,26 @@ def test_parsers_can_be_set_or_switched_off(tmp_path):
                      show="sglang_datagen__parser_args")
     assert done.returncode == 0, done.stdout[-2000:]
     assert shown(done) == ["--tool-call-parser", "hermes"]
+
+
+def test_python_older_than_3_11_fails_first_with_the_fix(tmp_path):
+    # Ubuntu 22.04's interpreter as the role's first task sees it (no 3.10 on this machine to run): it answers
+    # the version probe with 3.10. The role must stop there, before creating anything.
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\necho 3.10\n")
+    old.chmod(0o755)
+    home = tmp_path / "datagen"
+    done = run_tasks(tmp_path, "install.yml", {"sglang_datagen_python": str(old), "sglang_datagen_home": str(home)})
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert f"sglang_datagen_python={old} is Python 3.10; SGLang 0.5.23 needs Python >= 3.11" in msg, msg
+    assert "set sglang_datagen_python to it, for example /usr/bin/python3.11" in msg
+    assert not home.exists()
+
+
+def test_python_3_11_passes_the_version_check(tmp_path):
+    # the machine's own 3.11 passes the check; the run is stopped right after it (a missing home's parent)
+    home = Path("/proc/nonexistent/datagen")
+    done = run_tasks(tmp_path, "install.yml", {"sglang_datagen_python": sys.executable, "sglang_datagen_home": str(home)})
+    assert "Python >= 3.11" not in done.stdout
+    assert "Create the directories" in done.stdout and done.returncode != 0
