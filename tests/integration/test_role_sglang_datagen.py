@@ -241,12 +241,14 @@ def test_role_waits_for_a_worker_held_back_then_fails_naming_it(lab):
     finally:
         in_ct(lab, "rm", "-f", "/run/standin/hold-31005")
     assert done.returncode != 0, done.stdout[-3000:]
-    failed = [line for line in done.stdout.splitlines() if line.startswith("fatal:")]
-    assert failed and "1 of 8 SGLang workers not ready" in failed[0], done.stdout[-3000:]
-    assert "sglang-datagen-worker@5.service (http://127.0.0.1:31005): HTTP 503" in failed[0], failed[0]
-    assert "last journal lines:" in failed[0], failed[0]
-    assert "standin: serving" in failed[0] or "Invalid HTTP request received" in failed[0], failed[0]
-    assert "worker@4" not in failed[0] and "worker@6" not in failed[0]
+    text = " ".join(done.stdout.split())
+    found = re.search(r"(\S+) of 8 SGLang workers not ready after sglang_datagen_ready_timeout=6s: (.*?) Check the units",
+                      text)
+    assert found and found.group(1) == "1", done.stdout[-3000:]
+    error = found.group(2)
+    assert "sglang-datagen-worker@5.service (http://127.0.0.1:31005): HTTP 503" in error, error
+    assert "last journal lines:" in error and "standin: serving 'lab-model'" in error, error
+    assert "worker@4" not in error and "worker@6" not in error, error
     assert elapsed >= 6
     assert "pipeline: started" not in done.stdout  # nothing launched against a server that is not there
 
