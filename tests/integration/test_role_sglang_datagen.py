@@ -270,6 +270,7 @@ for _ in range(100):
         break
     time.sleep(0.1)
 """
+    play()  # this checkout's units (the shared lab may hold another one's), every worker registered
     in_ct(lab, "/opt/datagen/venv/bin/python", "-c", drop, ROUTER, WORKERS[2])
     assert WORKERS[2] not in router_workers(lab)
     out = play()[0]
