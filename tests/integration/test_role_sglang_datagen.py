@@ -5,14 +5,16 @@
 """Role sglang_datagen, for real, against the CT200 lab (the SGLang stand-in serves).
 
 The real ``ansible-playbook`` through the real ``pct_ssh`` connection: venv, the
-datagen package, nine systemd units (eight workers and the router), the readiness
-gate, and the ``datagen-pipeline`` unit, which must run all five stages (prepare,
+datagen package, nine systemd units (eight stand-in workers and the REAL sglang-router of the
+pinned version, installed by the role from PyPI), the readiness gate, and the ``datagen-pipeline`` unit, which must run all five stages (prepare,
 generate, tokenize, merge, report) to the end after the play has returned, with the
 lab's real tokenizer and existing dataset. Every request goes through the router to
 the eight workers (their own /metrics say so), and the workers count prompt tokens
 with the same tokenizer, so tokenize's prompt check must match every row. Then a
-second run must change nothing, and a dry run must report nothing to do. Skipped
-with the reason when the lab is not up.
+second run must change nothing, and a dry run must report nothing to do. With one
+worker held back from readiness the role waits and fails naming it; a worker the
+router dropped is registered again by the gate. Skipped with the reason when the
+lab is not up.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def in_ct(lab, *argv, check=True):
 
 def server_metrics(lab):
     """Every server's metrics, read from inside CT200 (loopback there); {} before the venv exists."""
-    done = in_ct(lab, "/opt/datagen/venv/bin/python", "-c", METRICS_PY, ROUTER, *WORKERS, check=False)
+    done = in_ct(lab, "/opt/datagen/venv/bin/python", "-c", METRICS_PY, *WORKERS, check=False)
     return json.loads(done.stdout) if done.returncode == 0 else {}
 
 
@@ -111,6 +113,42 @@ def requests_since(before, after, url):
     then = before.get(url, {})
     same_process = then.get("standin_start_time_seconds") == now.get("standin_start_time_seconds")
     return int(now.get("standin_ok_total", 0) - (then.get("standin_ok_total", 0) if same_process else 0))
+
+
+ROUTER_WORKERS_PY = r"""
+import json, sys, urllib.request
+listed = json.load(urllib.request.urlopen(sys.argv[1] + "/workers", timeout=10))["workers"]
+print(json.dumps({w["url"]: w["is_healthy"] for w in listed}))
+"""
+
+
+LISTENERS_PY = r"""
+import json, sys
+port = "%04X" % int(sys.argv[1])
+out = []
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A" and local.endswith(":" + port):
+            out.append(local.rsplit(":", 1)[0])
+print(json.dumps(sorted(out)))
+"""
+
+
+def listeners(lab, port):
+    """The local addresses (hex, as /proc/net/tcp{,6} writes them) listening on ``port`` in CT200."""
+    return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", LISTENERS_PY, str(port)).stdout)
+
+
+def router_workers(lab):
+    """{url: healthy} from the real router's worker list (GET /workers), read inside CT200."""
+    return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", ROUTER_WORKERS_PY, ROUTER).stdout)
+
+
+def play_result(*extra):
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_FORCE_COLOR="0")
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(CONVERGE), *extra],
+                          capture_output=True, text=True, timeout=800, cwd=str(ROOT), env=env, check=False)
 
 
 def play(*extra):
@@ -157,8 +195,19 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     per_worker = [requests_since(before, after, url) for url in WORKERS]
     assert sum(per_worker) == 100 and min(per_worker) > 0, per_worker
     assert all(after[url]["standin_tokenizer_info"] == 1 for url in WORKERS)
-    routed = [after[ROUTER][f'sgl_router_processed_requests_total{{worker="{url}"}}'] for url in WORKERS]
-    assert all(n > 0 for n in routed), routed
+    # the router is the real one, from the venv, and lists all eight workers healthy
+    assert router_workers(lab) == {url: True for url in WORKERS}
+    argv = in_ct(lab, "systemctl", "show", "-p", "ExecStart", "sglang-datagen-router.service").stdout
+    assert "sglang_router.launch_router" in argv and "standin" not in argv, argv
+    assert "--prometheus-host 127.0.0.1" in argv and "--worker-startup-timeout-secs 1800" in argv, argv
+    version = in_ct(lab, "/opt/datagen/venv/bin/python", "-c",
+                    "import importlib.metadata as m; print(m.version('sglang-router'))").stdout.strip()
+    assert version == "0.3.2"
+    assert in_ct(lab, "/opt/datagen/venv/bin/python", "-m", "pip", "check", check=False).returncode == 0
+    # the router's metrics listener: 127.0.0.1:29000 only (sglang-router binds 0.0.0.0 unless told)
+    assert listeners(lab, 29000) == ["0100007F"]
+    nofile = in_ct(lab, "systemctl", "show", "-p", "LimitNOFILE", "datagen-pipeline.service").stdout.strip()
+    assert nofile == f"LimitNOFILE={2 * 16 + 1024}", nofile  # concurrency 16, one server (the router)
 
     # tokenize, merge, report ran with the lab tokenizer and the existing set
     tokenized = json.loads(in_ct(lab, "cat", f"{WORK}/tokenized/manifest.json").stdout)
@@ -200,3 +249,53 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     # dry run: nothing to do either
     out, changed = play("--check")
     assert changed == 0, out[-4000:]
+
+
+def test_role_waits_for_a_worker_held_back_then_fails_naming_it(lab):
+    # the stand-in's lab switch (--not-ready-while /run/standin/hold-{port}): worker 5 answers 503 on /health
+    # and /health_generate, as SGLang does while it is still starting
+    in_ct(lab, "mkdir", "-p", "/run/standin")
+    in_ct(lab, "touch", "/run/standin/hold-31005")
+    try:
+        t0 = time.monotonic()
+        done = play_result("-e", "sglang_datagen_ready_timeout=6")
+        elapsed = time.monotonic() - t0
+    finally:
+        in_ct(lab, "rm", "-f", "/run/standin/hold-31005")
+    assert done.returncode != 0, done.stdout[-3000:]
+    text = " ".join(done.stdout.split())
+    found = re.search(r"(\S+) of 8 SGLang workers not ready after sglang_datagen_ready_timeout=6s: (.*?) Check the units",
+                      text)
+    assert found and found.group(1) == "1", done.stdout[-3000:]
+    error = found.group(2)
+    assert "sglang-datagen-worker@5.service (http://127.0.0.1:31005): HTTP 503" in error, error
+    # the worker's own journal: its start, or (when the router restarted meanwhile) the router's gRPC probes,
+    # which a worker still starting logs as uvicorn does
+    assert "last journal lines:" in error, error
+    assert "standin: serving 'lab-model'" in error or "Invalid HTTP request received" in error, error
+    assert "worker@4" not in error and "worker@6" not in error, error
+    assert elapsed >= 6
+    assert "pipeline: started" not in done.stdout  # nothing launched against a server that is not there
+
+
+def test_gate_registers_a_worker_the_router_dropped(lab):
+    # drop worker 2 from the real router (DELETE /workers/{id}), as it drops one that was not healthy within
+    # --worker-startup-timeout-secs; the role's gate must see it missing and register it again
+    drop = r"""
+import json, sys, time, urllib.request
+base = sys.argv[1]
+listed = json.load(urllib.request.urlopen(base + "/workers", timeout=10))["workers"]
+wid = [w["id"] for w in listed if w["url"] == sys.argv[2]][0]
+urllib.request.urlopen(urllib.request.Request(base + "/workers/" + wid, method="DELETE"), timeout=10)
+for _ in range(100):
+    if sys.argv[2] not in {w["url"] for w in json.load(urllib.request.urlopen(base + "/workers"))["workers"]}:
+        break
+    time.sleep(0.1)
+"""
+    play()  # this checkout's units (the shared lab may hold another one's), every worker registered
+    in_ct(lab, "/opt/datagen/venv/bin/python", "-c", drop, ROUTER, WORKERS[2])
+    assert WORKERS[2] not in router_workers(lab)
+    out = play()[0]
+    gate = re.search(r"TASK \[[^\]]*Wait until every worker is ready and the router routes to all of them\][^\n]*\n(\w+):", out)
+    assert gate and gate.group(1) == "changed", out[-4000:]  # the gate registered it
+    assert router_workers(lab) == {url: True for url in WORKERS}

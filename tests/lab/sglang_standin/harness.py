@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -71,6 +73,89 @@ class StandinProcess:
             self._log.close()
 
     def __enter__(self) -> StandinProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def free_port() -> int:
+    """A port free on loopback right now (the router needs one up front: it has no --port-file)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RouterProcess:
+    """The real sglang-router (``python -m sglang_router.launch_router``, the pinned wheel) on loopback.
+
+    ``with RouterProcess([w.url for w in workers], expect=2) as r: r.url``; its Prometheus port is bound to
+    127.0.0.1 too (``r.metrics_url``). ``expect``: wait (bounded) until that many workers are registered.
+    """
+
+    def __init__(self, worker_urls: List[str], args: Optional[List[str]] = None, policy: str = "round_robin",
+                 expect: Optional[int] = None, python: str = sys.executable) -> None:
+        self.worker_urls = list(worker_urls)
+        self.args = list(args or [])
+        self.policy = policy
+        self.expect = len(self.worker_urls) if expect is None else expect
+        self.python = python
+        self.port = free_port()
+        self.metrics_port = free_port()
+        self.proc: Optional[subprocess.Popen] = None
+        self._dir = tempfile.mkdtemp(prefix="router-")
+        self.log_path = os.path.join(self._dir, "router.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def workers(self) -> Dict[str, bool]:
+        """{url: is_healthy} from the router's GET /workers."""
+        with urllib.request.urlopen(self.url + "/workers", timeout=5) as resp:
+            return {w["url"]: w["is_healthy"] for w in json.loads(resp.read())["workers"]}
+
+    def wait_workers(self, n: int, timeout: float = 30.0) -> Dict[str, bool]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                listed = self.workers()
+                if sum(listed.values()) >= n:
+                    return listed
+            except OSError:
+                pass
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"sglang-router exited: {open(self.log_path).read()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sglang-router did not list {n} healthy workers in {timeout}s")
+            time.sleep(0.1)
+
+    def start(self, timeout: float = 30.0) -> RouterProcess:
+        cmd = [self.python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
+               "--policy", self.policy, "--worker-startup-check-interval", "1", "--log-level", "warn",
+               *self.args, "--worker-urls", *self.worker_urls]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        self.wait_workers(self.expect, timeout)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def __enter__(self) -> RouterProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible stand-in for an SGLang server (or sglang-router), for tests and the lab.
+"""An OpenAI-compatible stand-in for an SGLang server (a worker), for tests and the lab.
 
 Only the GPU is missing, so only the model is faked: the HTTP surface follows
 SGLang's (``/v1/chat/completions``, native ``/generate``, ``/v1/models``,
@@ -19,7 +19,7 @@ Loopback only. Run::
     python tests/lab/sglang_standin/standin.py --port 30000 --model lab-model \
         [--latency 0.05] [--fail-rate 0.2] [--drop-rate 0.05] [--not-ready-for 5] [--port-file F]
 
-It also answers SGLang's and sglang-router's command lines in the role's
+It also answers SGLang's command line in the role's
 lab mode: unknown options are ignored, ``--model-path``/``--served-model-name``
 give the model name.
 
@@ -28,13 +28,9 @@ count of the chat template rendered by that tokenizer (``apply_chat_template`` w
 request's ``tools`` and ``chat_template_kwargs``, ``add_generation_prompt=True``), as SGLang
 counts it, instead of the chars/4 estimate; needs ``transformers``.
 
-Router mode (sglang-router's ``--worker-urls URL ...``): the stand-in answers nothing
-itself but forwards every request to one of the workers, chosen by ``--policy``
-(``round_robin``; ``random``; ``cache_aware`` and ``power_of_two`` pick the worker with
-the fewest requests in flight, as sglang-router does once the load is imbalanced).
-A connection that fails before an answer is retried on the next worker.
-``/health_generate`` is 200 only when every worker's is, ``/v1/models`` comes from a
-worker, and ``/metrics`` counts the requests sent to each worker.
+Only workers: the lab and the tests route through the real sglang-router (``harness.RouterProcess``).
+``--not-ready-while FILE`` holds readiness back (503 on ``/health`` and ``/health_generate``, as SGLang
+while it starts) while FILE exists; ``{port}`` in FILE is the bound port, so one worker of many can be held.
 """
 
 from __future__ import annotations
@@ -43,6 +39,7 @@ import argparse
 import asyncio
 import ipaddress
 import json
+import logging
 import os
 import random
 import signal
@@ -51,9 +48,7 @@ import sys
 import time
 import zlib
 from typing import Any, Dict, List, Optional
-from urllib.parse import urlsplit
 
-import aiohttp
 from aiohttp import web
 
 VOCAB = (
@@ -91,6 +86,20 @@ def _text_of(content: Any) -> str:
     if isinstance(content, list):  # OpenAI content parts
         return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
     return "" if content is None else json.dumps(content)
+
+
+class _OneLineForBadRequests(logging.Filter):
+    """A request that is not HTTP/1 (sglang-router probes a worker over gRPC when /health fails) is one line,
+    as uvicorn logs it under real SGLang ("Invalid HTTP request received."), not a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and type(exc).__name__ == "BadHttpMessage":
+            record.msg, record.args, record.exc_info = "WARNING:  Invalid HTTP request received.", (), None
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_OneLineForBadRequests())
 
 
 def load_tokenizer(path: str) -> Any:
@@ -196,6 +205,7 @@ class StandIn:
             "running": 0,
         }
         self.seen_ids: Dict[str, int] = {}
+        self.hold_file = ""  # set once the port is known ({port} in --not-ready-while)
         self.tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
 
     # ------------------------------------------------------------------ helpers
@@ -235,6 +245,9 @@ class StandIn:
         return len(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
 
     def ready(self) -> bool:
+        """SGLang's ``ServerStatus.Up``: past ``--not-ready-for`` and no ``--not-ready-while`` file present."""
+        if self.hold_file and os.path.exists(self.hold_file):
+            return False
         return time.monotonic() - self.t0 >= self.a.not_ready_for
 
     async def _fault(self, request: web.Request) -> Optional[web.StreamResponse]:
@@ -308,7 +321,9 @@ class StandIn:
                                       f"prompt is {prompt_tokens} tokens, longer than the context "
                                       f"{self.a.context_length}"}, status=400)
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
-        seed = int(body.get("seed") or 0)
+        # SGLang samples with a request's seed only under --enable-deterministic-inference
+        # (srt/sampling/sampling_batch_info.py); otherwise the seed is ignored
+        seed = int(body.get("seed") or 0) if self.a.enable_deterministic_inference else 0
         last = messages[-1]
         prompt = _text_of(last.get("content")) + "|" + str(len(messages))
         thinking = bool(kwargs.get("enable_thinking"))
@@ -414,14 +429,41 @@ class StandIn:
             "id": f"gen-{self.counters['requests']}", "prompt_tokens": prompt_tokens, "completion_tokens": n,
             "cached_tokens": 0, "finish_reason": reason}})
 
+    def model_card(self) -> Dict[str, Any]:
+        return {"id": self.model, "object": "model", "created": int(self.started), "owned_by": "sglang",
+                "root": self.model, "max_model_len": self.a.context_length}
+
     async def models(self, request: web.Request) -> web.StreamResponse:
-        if not self.ready():
-            return web.json_response({"object": "error", "message": "server is starting", "code": 503}, status=503)
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": int(self.t0), "owned_by": "sglang", "root": self.model,
-             "max_model_len": self.a.context_length}]})
+        # SGLang answers /v1/models as soon as it listens (http_server.py available_models), ready or not
+        return web.json_response({"object": "list", "data": [self.model_card()]})
+
+    async def retrieve_model(self, request: web.Request) -> web.StreamResponse:
+        if request.match_info["model"] != self.model:
+            return web.json_response({"error": {"message": f"The model '{request.match_info['model']}' does not "
+                                                "exist", "type": "invalid_request_error", "param": "model",
+                                                "code": "model_not_found"}}, status=404)
+        return web.json_response(self.model_card())
+
+    async def model_info(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's /model_info (and the deprecated /get_model_info): sglang-router reads the model id here."""
+        return web.json_response({
+            "model_path": self.a.model_path or self.model, "served_model_name": self.model,
+            "tokenizer_path": self.a.tokenizer or self.a.model_path or self.model, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": "default", "load_format": "auto",
+            "reasoning_parser": self.a.reasoning_parser, "tool_call_parser": self.a.tool_call_parser,
+            "disaggregation_mode": "null", "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": "standin", "architectures": ["StandIn"]})
+
+    async def server_info(self, request: web.Request) -> web.StreamResponse:
+        """A subset of SGLang's /server_info (and /get_server_info): the launch settings sglang-router reads."""
+        return web.json_response({
+            "model_path": self.a.model_path or self.model, "served_model_name": self.model,
+            "tokenizer_path": self.a.tokenizer, "context_length": self.a.context_length, "tp_size": 1, "dp_size": 1,
+            "reasoning_parser": self.a.reasoning_parser, "tool_call_parser": self.a.tool_call_parser,
+            "enable_deterministic_inference": False, "version": "standin", "internal_states": [{}]})
 
     async def health(self, request: web.Request) -> web.StreamResponse:
+        # SGLang's /health: 503 while the server status is Starting, then 200 without generating
         return web.Response(status=200 if self.ready() else 503)
 
     async def health_generate(self, request: web.Request) -> web.StreamResponse:
@@ -453,135 +495,15 @@ class StandIn:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.retrieve_model)
+        for path in ("/model_info", "/get_model_info"):
+            app.router.add_get(path, self.model_info)
+        for path in ("/server_info", "/get_server_info"):
+            app.router.add_get(path, self.server_info)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health_generate)
         app.router.add_get("/metrics", self.metrics)
         return app
-
-
-class Router:
-    """sglang-router's part: forward every request to one worker, chosen by the policy."""
-
-    RETRY_ON = (aiohttp.ClientError, asyncio.TimeoutError)
-    FORWARD_HEADERS = ("Content-Type", "Retry-After")
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.a = args
-        self.workers: List[str] = [u.rstrip("/") for u in args.worker_urls]
-        self.policy = args.policy
-        self.rng = random.Random(args.seed)
-        self.next = 0
-        self.in_flight: Dict[str, int] = {w: 0 for w in self.workers}
-        self.sent: Dict[str, int] = {w: 0 for w in self.workers}
-        self.failed: Dict[str, int] = {w: 0 for w in self.workers}
-        self.counters: Dict[str, int] = {"requests": 0, "no_worker": 0}
-        self.started = time.time()
-        self.session: Optional[aiohttp.ClientSession] = None
-
-    def pick(self, exclude: Optional[set] = None) -> Optional[str]:
-        """The next worker under the policy, skipping ``exclude``; None when none is left."""
-        cands = [w for w in self.workers if not exclude or w not in exclude]
-        if not cands:
-            return None
-        if self.policy == "random":
-            return self.rng.choice(cands)
-        # round robin order; the least-loaded policies take the first of the least busy in that order
-        order = sorted(cands, key=lambda w: (self.workers.index(w) - self.next) % len(self.workers))
-        if self.policy != "round_robin":
-            least = min(self.in_flight[w] for w in order)
-            order = [w for w in order if self.in_flight[w] == least]
-        choice = order[0]
-        self.next = (self.workers.index(choice) + 1) % len(self.workers)
-        return choice
-
-    async def start(self) -> None:
-        # no total timeout: generation takes as long as it takes; connect failures retry elsewhere
-        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
-        self.session = aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
-
-    async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-
-    async def forward(self, request: web.Request) -> web.StreamResponse:
-        self.counters["requests"] += 1
-        body = await request.read()
-        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
-        tried: set = set()
-        last_error = "no workers"
-        while True:
-            worker = self.pick(tried)
-            if worker is None:
-                self.counters["no_worker"] += 1
-                return web.json_response({"object": "error", "code": 503,
-                                          "message": f"no worker answered: {last_error}"}, status=503)
-            tried.add(worker)
-            self.in_flight[worker] += 1
-            self.sent[worker] += 1
-            try:
-                assert self.session is not None
-                async with self.session.request(request.method, worker + request.rel_url.path_qs, data=body,
-                                                headers=headers) as resp:
-                    payload = await resp.read()
-                    out = {k: resp.headers[k] for k in self.FORWARD_HEADERS if k in resp.headers}
-                    return web.Response(status=resp.status, body=payload, headers=out)
-            except self.RETRY_ON as exc:
-                self.failed[worker] += 1
-                last_error = f"{worker}: {exc.__class__.__name__}: {exc}"
-            finally:
-                self.in_flight[worker] -= 1
-
-    async def _get(self, worker: str, path: str) -> tuple:
-        assert self.session is not None
-        try:
-            async with self.session.get(worker + path, timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                return resp.status, await resp.read(), resp.headers.get("Content-Type", "application/json")
-        except self.RETRY_ON as exc:
-            return 0, str(exc).encode(), "text/plain"
-
-    async def health(self, request: web.Request) -> web.StreamResponse:
-        return web.Response(status=200)
-
-    async def health_generate(self, request: web.Request) -> web.StreamResponse:
-        answers = await asyncio.gather(*(self._get(w, "/health_generate") for w in self.workers))
-        down = [w for w, (status, _b, _t) in zip(self.workers, answers) if status != 200]
-        if down:
-            return web.Response(status=503, text=f"workers not ready: {' '.join(down)}\n")
-        return web.Response(status=200)
-
-    async def models(self, request: web.Request) -> web.StreamResponse:
-        for worker in self.workers:
-            status, body, ctype = await self._get(worker, "/v1/models")
-            if status == 200:
-                return web.Response(status=200, body=body, content_type=ctype.split(";")[0])
-        return web.json_response({"object": "error", "message": "no worker is ready", "code": 503}, status=503)
-
-    async def metrics(self, request: web.Request) -> web.StreamResponse:
-        lines = ["# TYPE sgl_router_requests_total counter", f"sgl_router_requests_total {self.counters['requests']}",
-                 "# TYPE sgl_router_processed_requests_total counter"]
-        lines += [f'sgl_router_processed_requests_total{{worker="{w}"}} {self.sent[w]}' for w in self.workers]
-        lines.append("# TYPE sgl_router_worker_errors_total counter")
-        lines += [f'sgl_router_worker_errors_total{{worker="{w}"}} {self.failed[w]}' for w in self.workers]
-        lines.append("# TYPE sgl_router_running_requests gauge")
-        lines += [f'sgl_router_running_requests{{worker="{w}"}} {self.in_flight[w]}' for w in self.workers]
-        lines += ["# TYPE sgl_router_active_workers gauge", f"sgl_router_active_workers {len(self.workers)}",
-                  "# TYPE standin_no_worker_total counter", f"standin_no_worker_total {self.counters['no_worker']}",
-                  "# TYPE standin_start_time_seconds gauge", f"standin_start_time_seconds {self.started:.3f}"]
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self.forward)
-        app.router.add_post("/v1/completions", self.forward)
-        app.router.add_post("/generate", self.forward)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/health_generate", self.health_generate)
-        app.router.add_get("/metrics", self.metrics)
-        return app
-
-
-ROUTER_POLICIES = ("round_robin", "random", "cache_aware", "power_of_two")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -602,6 +524,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--retry-after", type=float, default=0, help="Retry-After seconds on injected 503s")
     ap.add_argument("--drop-rate", type=float, default=0.0, help="share of requests whose connection is dropped")
     ap.add_argument("--not-ready-for", type=float, default=0.0, help="seconds /health_generate answers 503")
+    ap.add_argument("--not-ready-while", default="", metavar="FILE",
+                    help="/health and /health_generate answer 503 while FILE exists ({port}: the bound port), "
+                         "as a worker still starting")
+    ap.add_argument("--enable-deterministic-inference", action="store_true",
+                    help="SGLang's flag: only then does a request's seed change the answer")
+    ap.add_argument("--reasoning-parser", default=None, help="SGLang's flag; reported by /model_info")
+    ap.add_argument("--tool-call-parser", default=None, help="SGLang's flag; reported by /model_info")
     ap.add_argument("--listen-delay", type=float, default=0.0, help="seconds before the port is opened")
     ap.add_argument("--min-tokens", type=int, default=16)
     ap.add_argument("--max-natural-tokens", type=int, default=64, help="longest natural answer in tokens")
@@ -609,10 +538,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--record-requests", help="append every chat request body to this JSONL file")
     ap.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default=None,
                     help="count prompt_tokens with this tokenizer's chat template (needs transformers)")
-    ap.add_argument("--worker-urls", nargs="+", default=None,
-                    help="router mode: forward every request to these workers (loopback URLs)")
-    ap.add_argument("--policy", default="round_robin", choices=ROUTER_POLICIES,
-                    help="router mode: how a worker is chosen (the least-loaded ones: cache_aware, power_of_two)")
+    ap.add_argument("--worker-urls", nargs="+", default=None, help=argparse.SUPPRESS)
     args, _unknown = ap.parse_known_args(argv)  # SGLang/router flags in lab mode are accepted and ignored
     if args.model is None:
         args.model = os.path.basename((args.model_path or "standin-model").rstrip("/")) or "standin-model"
@@ -623,26 +549,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be between 0 and 1")
     if args.fail_rate + args.drop_rate > 1.0:
         ap.error("--fail-rate plus --drop-rate must not exceed 1")
-    for url in args.worker_urls or ():
-        if not _is_loopback(urlsplit(url).hostname or "") or urlsplit(url).scheme != "http":
-            ap.error(f"--worker-urls {url}: workers must be http:// URLs on loopback (127.0.0.1)")
+    if args.worker_urls:
+        ap.error("--worker-urls: the stand-in is a worker only; route with the real sglang-router "
+                 "(python -m sglang_router.launch_router --worker-urls ...; harness.RouterProcess in tests)")
     return args
 
 
 async def serve(args: argparse.Namespace) -> None:
     if args.listen_delay > 0:
         await asyncio.sleep(args.listen_delay)
-    router: Optional[Router] = None
-    if args.worker_urls:
-        router = Router(args)
-        await router.start()
-        app = router.app()
-        what = f"router ({args.policy}) for {len(router.workers)} workers"
-    else:
-        standin = StandIn(args)
-        standin.t0 = time.monotonic()
-        app = standin.app()
-        what = f"{args.model!r}" + (f" (prompt tokens: {args.tokenizer})" if args.tokenizer else "")
+    standin = StandIn(args)
+    standin.t0 = time.monotonic()
+    app = standin.app()
+    what = f"{args.model!r}" + (f" (prompt tokens: {args.tokenizer})" if args.tokenizer else "")
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -651,6 +570,8 @@ async def serve(args: argparse.Namespace) -> None:
     site = web.SockSite(runner, sock, backlog=4096)
     await site.start()
     port = sock.getsockname()[1]
+    if args.not_ready_while:
+        standin.hold_file = args.not_ready_while.replace("{port}", str(port))
     if args.port_file:
         tmp = args.port_file + ".tmp"
         with open(tmp, "w", encoding="ascii") as fh:
@@ -663,8 +584,6 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
-    if router is not None:
-        await router.close()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

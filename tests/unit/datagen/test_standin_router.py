@@ -1,5 +1,5 @@
-"""The stand-in as sglang-router (forwarding to real stand-in workers) and with a real tokenizer;
-the lab's committed tokenizer is what the shared builder writes."""
+"""The stand-in workers behind the REAL sglang-router (the pinned wheel), their SGLang endpoints, and a real
+tokenizer; the lab's committed tokenizer is what the shared builder writes."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import STANDIN, StandinProcess  # noqa: E402
+from harness import STANDIN, RouterProcess, StandinProcess  # noqa: E402
 
 BUILDER = os.path.join(ROOT, "tests", "lab", "tokenizer", "build_tokenizer.py")
 LAB_TOKENIZER = os.path.join(ROOT, "tests", "lab", "tokenizer", "lab-tokenizer")
@@ -43,11 +43,8 @@ def chat(url, text, **extra):
     return post(url + "/v1/chat/completions", body)[1]
 
 
-def routed(router, n):
-    """Requests each worker got through the router, from the router's /metrics."""
-    text = get_status(router.url + "/metrics")[1]
-    return [int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-            if line.startswith("sgl_router_processed_requests_total{")][:n]
+def worker_requests(workers):
+    return [w.metrics()["sglang:num_requests_total"] for w in workers]
 
 
 @pytest.fixture(scope="module")
@@ -58,46 +55,120 @@ def workers():
         w.stop()
 
 
-def test_round_robin_router_forwards_to_every_worker_in_turn(workers):
-    before = [w.metrics()["sglang:num_requests_total"] for w in workers]
-    with StandinProcess(["--worker-urls", *[w.url for w in workers], "--policy", "round_robin"], model="m") as r:
+def test_real_router_round_robin_forwards_to_every_worker_in_turn(workers):
+    before = worker_requests(workers)
+    with RouterProcess([w.url for w in workers], policy="round_robin") as r:
+        # sglang-router reads the model id from each worker's /model_info (SGLang's http_server.py)
+        status, text = get_status(r.url + "/v1/models")
+        assert status == 200 and [m["id"] for m in json.loads(text)["data"]] == ["m"], text
         answers = [chat(r.url, f"question {i}") for i in range(9)]
-        assert routed(r, 3) == [3, 3, 3]
-        # the answer is the worker's own (same text as asking a worker directly), not the router's
-        assert answers[4]["choices"][0]["message"]["content"] == \
-            chat(workers[0].url, "question 4")["choices"][0]["message"]["content"]
-        models = json.loads(get_status(r.url + "/v1/models")[1])
-        assert [m["id"] for m in models["data"]] == ["m"]
-        assert get_status(r.url + "/health_generate")[0] == 200
-    after = [w.metrics()["sglang:num_requests_total"] for w in workers]
-    assert [a - b for a, b in zip(after, before)] == [4, 3, 3]  # +1: the direct question to worker 0
+        # the answer is the worker's own (same text as asking the worker directly), not the router's
+        assert answers[0]["choices"][0]["message"]["content"] == \
+            chat(workers[0].url, "question 0")["choices"][0]["message"]["content"]
+    after = worker_requests(workers)
+    deltas = [a - b for a, b in zip(after, before)]
+    assert sum(deltas) == 10 and sorted(deltas) == [3, 3, 4], deltas  # +1: the direct question to worker 0
 
 
-def test_least_loaded_router_spreads_concurrent_requests(workers):
-    with StandinProcess(["--worker-urls", *[w.url for w in workers], "--policy", "cache_aware"], model="m") as r:
-        with ThreadPoolExecutor(12) as pool:
-            answers = list(pool.map(lambda i: chat(r.url, f"parallel {i}"), range(24)))
-        assert all(a["choices"][0]["finish_reason"] in ("stop", "length") for a in answers)
-        counts = routed(r, 3)
-        assert sum(counts) == 24 and min(counts) >= 4, counts
+def test_real_router_health_generate_is_200_with_one_worker_of_two(tmp_path, workers):
+    # why the role's gate cannot use the router's /health_generate (sglang-router 0.3.2): it is 200 as soon as
+    # one worker is registered, and a worker not healthy within --worker-startup-timeout-secs is dropped
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    with StandinProcess(["--not-ready-while", str(hold)], model="m") as held:
+        assert get_status(held.url + "/health_generate")[0] == 503
+        with RouterProcess([workers[0].url, held.url], expect=1,
+                           args=["--worker-startup-timeout-secs", "2"]) as r:
+            status, text = get_status(r.url + "/health_generate")
+            assert status == 200, text
+            time.sleep(3)  # past the router's startup timeout
+            hold.unlink()
+            assert get_status(held.url + "/health_generate")[0] == 200
+            time.sleep(3)  # the late worker is ready now, and never registered
+            assert list(r.workers()) == [workers[0].url]
 
 
-def test_router_skips_a_dead_worker_and_reports_it_unready(workers):
-    with StandinProcess([], model="m") as dead:
-        dead_url = dead.url
-    with StandinProcess(["--worker-urls", workers[0].url, dead_url, "--policy", "round_robin"], model="m") as r:
-        status, text = get_status(r.url + "/health_generate")
-        assert status == 503 and dead_url in text
-        # connection refused on the dead worker (every 2nd pick after the first): retried on the live one
-        assert all(chat(r.url, f"retry {i}")["object"] == "chat.completion" for i in range(4))
-        metrics = get_status(r.url + "/metrics")[1]
-        assert f'sgl_router_worker_errors_total{{worker="{dead_url}"}} 3' in metrics, metrics
+def test_real_router_drops_fields_it_does_not_know_and_keeps_seed(tmp_path):
+    record = tmp_path / "requests.jsonl"
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": 7,
+            "temperature": 0.5, "top_k": 5, "chat_template_kwargs": {"enable_thinking": False},
+            "return_token_ids": True, "return_prompt_token_ids": True, "rid": "row-1", "frobnicate": 1}
+    with StandinProcess(["--record-requests", str(record)], model="m") as w, RouterProcess([w.url]) as r:
+        post(r.url + "/v1/chat/completions", body)
+        assert get_status(r.url + "/v1/chat/completions")[0] in (404, 405)  # GET: not a route
+    got = json.loads(record.read_text().splitlines()[0])
+    assert {"return_token_ids", "return_prompt_token_ids", "rid", "frobnicate", "max_tokens"} <= set(body) - set(got)
+    assert (got["seed"], got["max_completion_tokens"], got["top_k"]) == (7, 8, 5)
+    assert got["chat_template_kwargs"] == {"enable_thinking": False}
 
 
-def test_router_refuses_non_loopback_workers():
-    done = subprocess.run([sys.executable, STANDIN, "--worker-urls", "http://pve1.example.internal:31000"],
+def test_real_router_metrics_listen_on_the_configured_host_only(workers):
+    psutil = pytest.importorskip("psutil")
+    with RouterProcess([workers[0].url]) as r:
+        ports = {c.laddr for c in psutil.Process(r.proc.pid).net_connections("inet") if c.status == "LISTEN"}
+        assert ports == {("127.0.0.1", r.port), ("127.0.0.1", r.metrics_port)}, ports
+        status, text = get_status(r.metrics_url)
+        assert status == 200 and 'smg_worker_health{worker="' + workers[0].url + '"} 1' in text
+
+
+def test_standin_worker_follows_sglangs_startup_and_model_endpoints(tmp_path):
+    hold = tmp_path / "hold-{port}"
+    with StandinProcess(["--not-ready-while", str(hold), "--tool-call-parser", "qwen"], model="m") as w:
+        held = tmp_path / f"hold-{w.port}"
+        held.write_text("")
+        # SGLang while starting: /health and /health_generate 503, /v1/models and /model_info already answer
+        assert get_status(w.url + "/health")[0] == 503
+        assert get_status(w.url + "/health_generate")[0] == 503
+        assert get_status(w.url + "/v1/models")[0] == 200
+        info = json.loads(get_status(w.url + "/get_model_info")[1])
+        assert (info["served_model_name"], info["is_generation"], info["tool_call_parser"]) == ("m", True, "qwen")
+        assert get_status(w.url + "/v1/models/other")[0] == 404
+        held.unlink()
+        assert get_status(w.url + "/health")[0] == 200
+        assert get_status(w.url + "/health_generate")[0] == 200
+
+
+def test_standin_ignores_the_seed_unless_deterministic_inference_is_on():
+    def answer(url, seed):
+        return chat(url, "same question", seed=seed, temperature=1.0)["choices"][0]["message"]["content"]
+
+    with StandinProcess([], model="m") as plain:
+        assert answer(plain.url, 1) == answer(plain.url, 2) == answer(plain.url, None)
+    with StandinProcess(["--enable-deterministic-inference"], model="m") as det:
+        assert answer(det.url, 1) != answer(det.url, 2)
+        assert answer(det.url, 1) == answer(det.url, 1)
+
+
+def test_router_passes_exactly_the_chat_fields_the_role_allows_in_extra_body(tmp_path):
+    # the role refuses extra_body keys outside vars/main.yml's list; measure the list against the real router:
+    # every listed field reaches the worker, and the fields it drops do not
+    import yaml
+
+    allowed = yaml.safe_load(open(os.path.join(ROOT, "roles", "sglang_datagen", "vars", "main.yml")))[
+        "sglang_datagen__router_chat_fields"]
+    values = {"logit_bias": {"1": 0.5}, "response_format": {"type": "text"}, "stop_token_ids": [1],
+              "reasoning_effort": "low", "chat_template_kwargs": {}, "session_params": {}, "stop": "x",
+              "ebnf": "x", "regex": "x", "lora_path": "x"}
+    bools = {"continue_final_message", "ignore_eos", "logprobs", "no_stop_trim", "parallel_tool_calls",
+             "return_hidden_states", "separate_reasoning", "skip_special_tokens", "stream_reasoning"}
+    dropped = ["return_token_ids", "return_prompt_token_ids", "rid", "user", "input_ids", "custom_params"]
+    record = tmp_path / "requests.jsonl"
+    with StandinProcess(["--record-requests", str(record)], model="m") as w, RouterProcess([w.url]) as r:
+        for field in allowed + dropped:
+            value = values.get(field, True if field in bools or field in dropped[:2] else 1)
+            extra = {"logprobs": True} if field == "top_logprobs" else {}
+            body = {"model": "m", "messages": [{"role": "user", "content": field}], field: value, **extra}
+            post(r.url + "/v1/chat/completions", body)
+    got = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(got) == len(allowed) + len(dropped)
+    assert [f for f, g in zip(allowed, got) if f not in g] == []
+    assert [f for f, g in zip(dropped, got[len(allowed):]) if f in g] == []
+
+
+def test_standin_has_no_router_mode_of_its_own():
+    done = subprocess.run([sys.executable, STANDIN, "--worker-urls", "http://127.0.0.1:31000"],
                           capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 2 and "--worker-urls" in done.stderr and "loopback" in done.stderr
+    assert done.returncode == 2 and "--worker-urls" in done.stderr and "sglang_router" in done.stderr
 
 
 def test_prompt_tokens_are_the_tokenizers_count_of_the_rendered_template(tiny_tokenizer):

@@ -1,0 +1,115 @@
+"""Role sglang_datagen's request checks and parser choice, run for real by ansible-playbook on localhost.
+
+Only the role's own task files run (``include_role: tasks_from``), with its defaults and vars; nothing is
+installed or started: these tasks only compute and assert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+BIN = Path(sys.executable).parent
+
+
+def run_tasks(tmp_path: Path, tasks_from: str, role_vars: dict, show: str = "") -> subprocess.CompletedProcess:
+    play = [{"name": "role tasks", "hosts": "localhost", "gather_facts": False, "connection": "local",
+             "tasks": [{"ansible.builtin.include_role": {"name": "gpuops.repurpose.sglang_datagen",
+                                                         "tasks_from": tasks_from}, "vars": role_vars}]
+             + ([{"ansible.builtin.debug": {"msg": "SHOW={{ " + show + " | to_json }}"}}] if show else [])}]
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(json.dumps(play))
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="0", PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+    return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-e",
+                           f"ansible_python_interpreter={sys.executable}", str(playbook)], capture_output=True,
+                          text=True, timeout=120, cwd=str(ROOT), env=env, check=False)
+
+
+def shown(done: subprocess.CompletedProcess):
+    line = next(line for line in done.stdout.splitlines() if "SHOW=" in line)
+    return json.loads(line.split("SHOW=", 1)[1].rstrip("'\""))
+
+
+def fatal_message(done: subprocess.CompletedProcess) -> str:
+    """The failed task's msg (the YAML callback folds it over several lines)."""
+    return done.stdout[done.stdout.index("fatal:"):].split("    msg:", 1)[1].split("\n\n", 1)[0]
+
+
+def test_extra_body_keys_the_router_drops_are_refused_up_front(tmp_path):
+    done = run_tasks(tmp_path, "check_requests.yml",
+                     {"sglang_datagen_config": {"generate": {"extra_body": {"return_token_ids": True, "top_k": 5,
+                                                                            "rid": "x"}}}})
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert "generate.extra_body has return_token_ids, rid: sglang-router 0.3.2 drops" in msg, msg
+    assert "sglang_datagen_use_router=false" in msg
+    # without the router the workers get every field: accepted
+    ok = run_tasks(tmp_path, "check_requests.yml",
+                   {"sglang_datagen_use_router": False,
+                    "sglang_datagen_config": {"generate": {"extra_body": {"return_token_ids": True}}}})
+    assert ok.returncode == 0, ok.stdout[-2000:]
+
+
+def test_a_seed_is_refused_unless_the_workers_sample_deterministically(tmp_path):
+    config = {"sampling": {"seed": 7, "temperature": 0.7}}
+    done = run_tasks(tmp_path, "check_requests.yml", {"sglang_datagen_config": config})
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert "sampling.seed is set, but SGLang 0.5.23 ignores" in msg and "--enable-deterministic-inference" in msg
+    ok = run_tasks(tmp_path, "check_requests.yml", {"sglang_datagen_config": config,
+                                                    "sglang_datagen_worker_extra_args":
+                                                        ["--enable-deterministic-inference"]})
+    assert ok.returncode == 0, ok.stdout[-2000:]
+
+
+@pytest.mark.parametrize("model, extra, want", [
+    ("Qwen/Qwen3-8B", [], ["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen"]),
+    ("/models/Qwen3-Coder-30B-A3B-Instruct", [], ["--tool-call-parser", "qwen3_coder"]),
+    ("meta-llama/Llama-3.1-8B-Instruct", [], ["--tool-call-parser", "llama3"]),
+    ("/srv/models/some-other-model", [], []),
+    ("Qwen/Qwen3-8B", ["--tool-call-parser", "hermes"], ["--reasoning-parser", "qwen3"]),  # the user's flag wins
+])
+def test_parsers_follow_the_model_family(tmp_path, model, extra, want):
+    done = run_tasks(tmp_path, "parsers.yml", {"sglang_datagen_model_path": model,
+                                               "sglang_datagen_worker_extra_args": extra},
+                     show="sglang_datagen__parser_args")
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert shown(done) == want
+
+
+def test_parsers_can_be_set_or_switched_off(tmp_path):
+    done = run_tasks(tmp_path, "parsers.yml", {"sglang_datagen_model_path": "Qwen/Qwen3-8B",
+                                               "sglang_datagen_reasoning_parser": "",
+                                               "sglang_datagen_tool_call_parser": "hermes"},
+                     show="sglang_datagen__parser_args")
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert shown(done) == ["--tool-call-parser", "hermes"]
+
+
+def test_python_older_than_3_11_fails_first_with_the_fix(tmp_path):
+    # Ubuntu 22.04's interpreter as the role's first task sees it (no 3.10 on this machine to run): it answers
+    # the version probe with 3.10. The role must stop there, before creating anything.
+    old = tmp_path / "python3.10"
+    old.write_text("#!/bin/sh\necho 3.10\n")
+    old.chmod(0o755)
+    home = tmp_path / "datagen"
+    done = run_tasks(tmp_path, "install.yml", {"sglang_datagen_python": str(old), "sglang_datagen_home": str(home)})
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert f"sglang_datagen_python={old} is Python 3.10; SGLang 0.5.23 needs Python >= 3.11" in msg, msg
+    assert "set sglang_datagen_python to it, for example /usr/bin/python3.11" in msg
+    assert not home.exists()
+
+
+def test_python_3_11_passes_the_version_check(tmp_path):
+    # the machine's own 3.11 passes the check; the run is stopped right after it (a missing home's parent)
+    home = Path("/proc/nonexistent/datagen")
+    done = run_tasks(tmp_path, "install.yml", {"sglang_datagen_python": sys.executable, "sglang_datagen_home": str(home)})
+    assert "Python >= 3.11" not in done.stdout
+    assert "Create the directories" in done.stdout and done.returncode != 0
