@@ -218,11 +218,13 @@ def main() -> None:
         status = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
         result["ct_status"] = status
         if op == "status":
-            module.exit_json(**dict(result, stdout="status: %s\n" % status, stdout_lines=["status: %s" % status]))
+            result.update(stdout="status: %s\n" % status, stdout_lines=["status: %s" % status])
+            module.exit_json(**result)
         if _ALREADY.get(op) == status:
             module.exit_json(msg="container %d is already %s" % (vmid, status), **result)
         if module.check_mode:
-            module.exit_json(**dict(result, changed=True, msg="would run: %s" % _pct.quote(cmd)))
+            result.update(changed=True, msg="would run: %s" % _pct.quote(cmd))
+            module.exit_json(**result)
         bound = host_bound(op, p["timeout"], p["command_timeout"])
         started = time.monotonic()
         rc, out, err, hung = _pct_host.run(module, cmd, None, bound)
@@ -243,7 +245,8 @@ def main() -> None:
         if rc != 0:
             if _ALREADY.get(op) == result["ct_status"] and _pct.classify_failure(text_err) == _pct.FAIL_STOPPED:
                 # stopped meanwhile (by a reboot that failed while starting, for example): the goal holds
-                module.exit_json(**dict(result, changed=False, msg="container %d is already %s" % (vmid, result["ct_status"])))
+                result.update(changed=False, msg="container %d is already %s" % (vmid, result["ct_status"]))
+                module.exit_json(**result)
             last = [line for line in text_err.splitlines() if line.strip()]
             raise _pct_host.PctHostFailure("`pct %s %d` failed (rc %d): %s" % (op, vmid, rc, last[-1] if last else "no message"))
     except _pct_host.PctHostFailure as e:

@@ -71,7 +71,7 @@ options:
         C(tmux new-session ... "torchrun ...") that started it, or a tmux/screen client), an interactive shell
         (a terminal's prompt), or an ancestor of a tmux pane's process is never selected through I(match); it is
         listed in RV(left_out) with the reason. Anchor the regex to the program run (for example
-        V(^(\S*/)?torchrun\s)) rather than searching anywhere in a command line.
+        V(^(\\S*/\)?torchrun\\s)) rather than searching anywhere in a command line.
       - If the hits form several unrelated process trees (different programs, users or parents; for
         example V(python) on a host running networkd-dispatcher, or an editor with the training script
         open) the module fails listing them, unless I(allow_broad_match=true). Several trees of the same

@@ -37,6 +37,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 LAB_VARS = yaml.safe_load((INVENTORY / "group_vars" / "training_containers.yml").read_text())
 CONVERGE = ROOT / "tests" / "integration" / "sglang_datagen" / "converge.yml"
 WITH_DATAGEN = {"repurpose_datagen": True}
+MISSING_SOURCE = {"name": "lab", "adapter": "messages", "category": "general", "path": "/srv/datagen/sources/missing.jsonl"}
 
 
 def lab_config(**changes) -> dict:
@@ -82,8 +83,7 @@ MISTAKES = [
     pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(sampling={"max_tokens": 64, "temprature": 0.7})),
                  ["sglang_datagen_config.sampling.temprature: unknown sampling parameter", "temperature",
                   "python -m datagen check-config"], id="datagen-config-typo"),
-    pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(sources=[
-        {"name": "lab", "adapter": "messages", "category": "general", "path": "/srv/datagen/sources/missing.jsonl"}])),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(sources=[MISSING_SOURCE])),
                  ["sglang_datagen_config.sources[0].path: not found: /srv/datagen/sources/missing.jsonl",
                   "sglang_datagen_extra_files"], id="datagen-source-missing"),
     pytest.param(dict(WITH_DATAGEN, sglang_datagen_server_command="", sglang_datagen_model_path=""),

@@ -117,7 +117,6 @@ def load_tokenizer(path: str) -> Any:
     return tok
 
 
-
 # ---------------------------------------------------------------- SGLang's request normalisation
 # sglang 0.5.23, sglang/srt/entrypoints/openai/protocol.py (ChatCompletionMessageGenericParam, ToolCall,
 # Function, Tool: model_dump) and serving_chat.py (_process_messages, normalize_tool_content,

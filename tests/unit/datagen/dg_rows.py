@@ -174,7 +174,7 @@ def server_prompt_ids(tok, messages, tools=None, tool_choice="auto", **kwargs):
 
 
 def generated_row(tok, rid, messages, answer, tools=None, category="general", edit_prompt=None, tool_choice="auto",
-              **extra):
+                  **extra):
     """A row as generate writes it: the server's prompt ids (``edit_prompt`` changes them) and the ids it
     sampled for ``answer``, its stop token last."""
     prompt_ids = server_prompt_ids(tok, messages, tools, tool_choice)

@@ -84,8 +84,8 @@ def test_parse_ladder_defaults_to_and_caps_kill():
                           {"signal": "KILL", "timeout": 60}], tmux=False, kill_timeout=7)
     assert [(r.signal, r.timeout, r.to) for r in rungs] == [(INT, 5, "launcher"), (TERM, 2.5, "all"), (KILL, 7, "all")]
     # (a second SIGINT rung, which this test also had, is refused since issue 11: see the error table)
-    assert [(r.signal, r.timeout, r.to) for r in parse_ladder([{"signal": "INT", "timeout": 1, "to": "all"}],
-                                                                tmux=False, kill_timeout=7)] == [(INT, 1, "all")]
+    rungs = parse_ladder([{"signal": "INT", "timeout": 1, "to": "all"}], tmux=False, kill_timeout=7)
+    assert [(r.signal, r.timeout, r.to) for r in rungs] == [(INT, 1, "all")]
 
 
 @pytest.mark.parametrize("raw, tmux, message", [
@@ -585,7 +585,7 @@ def test_a_save_started_after_ctrl_c_is_never_cut_short(children, tmp_path, ckpt
     children.append(child)
     procs = ProcessSet(use_pidfd=use_pidfd)
     hold(procs, child)
-    wait_for(lambda: (tmp_path / "steps").exists(), 5)
+    wait_for((tmp_path / "steps").exists, 5)
     out = run_ladder([Rung(INT, 0.3), Rung(KILL, 5)], procs, root_pgids=[child.pid],
                      progress_paths=[str(ckpt)], progress_stall=0.3, max_grace=30,
                      step_probe=steps_probe(tmp_path / "steps"))
