@@ -66,10 +66,16 @@ def play_json(extra: dict) -> tuple[int, dict, str]:
 
 
 def task(tasks: dict, prefix: str) -> dict:
-    """The last result of the task whose name starts with PREFIX (names may hold unrendered templates)."""
+    """The last result that ran of the task whose name starts with PREFIX (names may hold unrendered templates).
+
+    Tasks of the validation pass (the pre-flight) run in the playbook's first play and show up
+    again, skipped, where the role would run them on its own.
+    """
     found = [results for name, results in tasks.items() if name.split(" : ", 1)[-1].startswith(prefix)]  # "role : name"
     assert len(found) == 1, (prefix, sorted(tasks))
-    return found[0][-1]
+    ran = [result for result in found[0] if not result.get("skipped")]
+    assert ran, (prefix, found[0])
+    return ran[-1]
 
 
 def summary(tasks: dict) -> str:
