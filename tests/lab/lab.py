@@ -962,53 +962,85 @@ def new_trainer_session() -> None:
          os.path.dirname(TRAINER_CKPT))
 
 
-def ct_torch_venv(vmid: str) -> str:
-    """CT200's PyTorch (CPU) venv, made with the container's own python3; returns its path in the container.
+VENV_MARKER = ".gpuops-lab-complete"
 
-    Built on first use of the torchrun behaviour (never by `up`): the wheels (torch's CPU build from
-    pip's find-links, its dependencies) are downloaded on the host by the system pip with its
-    configuration, then installed in the container with `--no-index`; the finished venv is kept in
-    CACHE_DIR (keyed by torch version and rootfs) and later copied into a new container as hard links
-    (a second or so, no download), so a rebuilt lab does not install it again. Every step is bounded.
+
+def torch_venv_cache(timeout: float = 1800) -> str:
+    """The PyTorch (CPU) venv for CT200, made with the containers' own python3; built once, cached.
+
+    Built in a throwaway hard-link copy of the rootfs cache (the tree CT200 is copied from: its
+    python3, its libc), chrooted in a private mount namespace: no lab, container or lock of the lab is
+    involved, so it can be built ahead (`lab torch-venv`) or on first use of the torchrun behaviour. The
+    wheels (torch's CPU build from pip's find-links, its dependencies) are fetched on the host by the
+    system pip with its own configuration and installed with `--no-index`. Every step is bounded; an
+    interrupted build is started again. Keyed by torch version and rootfs.
     """
-    rootfs = os.path.join(LXCPATH, vmid, "rootfs")
-    dest = os.path.join(rootfs, CT_TORCH_VENV.lstrip("/"))
-    marker = ".gpuops-lab-complete"
-    if os.path.exists(os.path.join(dest, marker)):
-        return CT_TORCH_VENV
     cache = os.path.join(CACHE_DIR, "ct-torch-venv-%s-%s" % (TORCH_VERSION, cache_key()))
-    if os.path.exists(dest):
-        shutil.rmtree(dest)  # an interrupted build or copy: start again
-    if os.path.exists(os.path.join(cache, marker)):
-        if run(["cp", "-al", cache, dest], timeout=300, check=False).returncode != 0:
-            shutil.rmtree(dest, ignore_errors=True)  # another filesystem: a real copy
-            run(["cp", "-a", "--reflink=auto", cache, dest], timeout=600)
-        return CT_TORCH_VENV
-    wheels = os.path.join(rootfs, CT_TORCH_WHEELS.lstrip("/"))
-    shutil.rmtree(wheels, ignore_errors=True)
-    log("building CT%s's torch %s venv (once; cached in %s)" % (vmid, TORCH_VERSION, cache))
-    try:
-        run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-             "--only-binary=:all:", "--dest", wheels, "torch==" + TORCH_VERSION], timeout=1200)
-        if not [name for name in os.listdir(wheels) if name.startswith("torch-%s+cpu-" % TORCH_VERSION)]:
-            raise LabError("pip found no CPU build of torch %s (torch-%s+cpu-*.whl in pip's find-links): a CUDA "
-                           "build would pull gigabytes of nvidia-* wheels; put the CPU wheel there and retry"
-                           % (TORCH_VERSION, TORCH_VERSION))
-        ct_exec(vmid, ["python3", "-m", "venv", CT_TORCH_VENV], timeout=120)
-        ct_exec(vmid, [CT_TORCH_VENV + "/bin/pip", "install", "--quiet", "--disable-pip-version-check",
-                       "--no-index", "--find-links", CT_TORCH_WHEELS, "torch==" + TORCH_VERSION], timeout=1200)
-        ct_exec(vmid, [CT_TORCH_VENV + "/bin/python", "-c",
-                       "import torch, torch.distributed; assert torch.version.cuda is None"], timeout=300)
-    finally:
-        shutil.rmtree(wheels, ignore_errors=True)
-    with open(os.path.join(dest, marker), "w", encoding="utf-8") as handle:
-        handle.write("torch %s, built in CT%s\n" % (TORCH_VERSION, vmid))
-    tmp = cache + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
+    if os.path.exists(os.path.join(cache, VENV_MARKER)):
+        return cache
     os.makedirs(CACHE_DIR, exist_ok=True)
-    run(["cp", "-a", "--reflink=auto", dest, tmp], timeout=600)
-    shutil.rmtree(cache, ignore_errors=True)
-    os.rename(tmp, cache)
+    fd = os.open(os.path.join(CACHE_DIR, ".ct-torch-venv.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = Deadline(timeout)
+        while True:  # one build at a time (bounded)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline.expired():
+                    raise LabError("another build of %s took more than %ss" % (cache, timeout)) from None
+                time.sleep(1)
+        if os.path.exists(os.path.join(cache, VENV_MARKER)):
+            return cache
+        root = cache + ".build"
+        if os.path.exists(root):
+            shutil.rmtree(root)
+        log("building the torch %s venv for the containers (once, a few minutes): %s" % (TORCH_VERSION, cache))
+        run(["cp", "-al", rootfs_cache(), root], timeout=300)  # new directories, shared (unmodified) files
+        try:
+            wheels = os.path.join(root, CT_TORCH_WHEELS.lstrip("/"))
+            run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                 "--only-binary=:all:", "--dest", wheels, "torch==" + TORCH_VERSION], timeout=1200)
+            if not [name for name in os.listdir(wheels) if name.startswith("torch-%s+cpu-" % TORCH_VERSION)]:
+                raise LabError("pip found no CPU build of torch %s (torch-%s+cpu-*.whl in pip's find-links); a "
+                               "CUDA build would pull gigabytes of nvidia-* wheels: put the CPU wheel there"
+                               % (TORCH_VERSION, TORCH_VERSION))
+            env = "env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8"
+            script = " && ".join([
+                "mount -t proc proc %s/proc" % shlex.quote(root),
+                "mount --rbind /dev %s/dev" % shlex.quote(root),
+                "chroot %s %s python3 -m venv %s" % (shlex.quote(root), env, CT_TORCH_VENV),
+                "chroot %s %s %s/bin/pip install --quiet --disable-pip-version-check --no-index --find-links %s "
+                "torch==%s" % (shlex.quote(root), env, CT_TORCH_VENV, CT_TORCH_WHEELS, TORCH_VERSION),
+                "chroot %s %s %s/bin/python -c 'import torch.distributed, torch; assert torch.version.cuda is None'"
+                % (shlex.quote(root), env, CT_TORCH_VENV),
+            ])
+            # the mounts live in this private namespace only and end with it
+            run(["unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script], timeout=1500)
+            venv = os.path.join(root, CT_TORCH_VENV.lstrip("/"))
+            with open(os.path.join(venv, VENV_MARKER), "w", encoding="utf-8") as handle:
+                handle.write("torch %s for %s (rootfs %s)\n" % (TORCH_VERSION, CT_TORCH_VENV, cache_key()))
+            shutil.rmtree(cache, ignore_errors=True)
+            os.rename(venv, cache)
+        finally:
+            umount_under(root)
+            shutil.rmtree(root, ignore_errors=True)
+        return cache
+    finally:
+        os.close(fd)
+
+
+def ct_torch_venv(vmid: str) -> str:
+    """Put the cached torch venv into the container (hard links: a second or so); its path there."""
+    dest = os.path.join(LXCPATH, vmid, "rootfs", CT_TORCH_VENV.lstrip("/"))
+    if os.path.exists(os.path.join(dest, VENV_MARKER)):
+        return CT_TORCH_VENV
+    cache = torch_venv_cache()
+    if os.path.exists(dest):
+        shutil.rmtree(dest)  # an interrupted copy: start again
+    if run(["cp", "-al", cache, dest], timeout=300, check=False).returncode != 0:
+        shutil.rmtree(dest, ignore_errors=True)  # the cache on another filesystem: a real copy
+        run(["cp", "-a", "--reflink=auto", cache, dest], timeout=600)
     return CT_TORCH_VENV
 
 
@@ -1073,9 +1105,14 @@ def start_trainer(state: dict, behaviour: str, timeout: float = 60) -> None:
             TRAINER_SESSION, timeout, pane[-1500:]))
     # workers may still be starting when the first step prints: record until all are there (bounded)
     want = TORCHRUN_NPROC if behaviour == TORCHRUN else TRAINER_NPROC
+    loaders = 2 * TORCHRUN_NPROC if behaviour == TORCHRUN else 0  # --num-workers 2 per rank
+
+    def complete(rec: dict) -> bool:
+        return len(rec.get("workers", [])) >= want and len(rec.get("loader_workers", [])) >= loaders
+
     deadline = Deadline(10)
     rec = trainer_record(MAIN_CT, behaviour)
-    while len(rec.get("workers", [])) < want and not deadline.expired():
+    while not complete(rec) and not deadline.expired():
         time.sleep(0.2)
         rec = trainer_record(MAIN_CT, behaviour)
     state["trainer"]["pids"] = rec
@@ -1326,6 +1363,12 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_torch_venv(args: argparse.Namespace) -> int:
+    preflight()
+    print(torch_venv_cache())
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lab", description="The local CT200 lab (run as root).")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -1335,12 +1378,14 @@ def main(argv: list[str]) -> int:
     sub.add_parser("status", help="print the lab's facts as JSON")
     p_tr = sub.add_parser("trainer", help="(re)start the dflash trainer with BEHAVIOUR and wait for step lines")
     p_tr.add_argument("behaviour", choices=BEHAVIOURS)
+    sub.add_parser("torch-venv", help="build the containers' cached torch venv (else built on first 'trainer torchrun')")
     sub.add_parser("_supervise", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         if args.cmd == "_supervise":
             return supervise()
-        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "trainer": cmd_trainer}[args.cmd](args)
+        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "trainer": cmd_trainer,
+                "torch-venv": cmd_torch_venv}[args.cmd](args)
     except LabError as exc:
         log("error: %s" % exc)
         return 1
