@@ -124,7 +124,9 @@ def test_role_defaults_stop_a_tmux_new_session_torchrun_by_ctrl_c_and_nothing_el
     assert {int(pid) for pid in re.findall(r"\bpid (\d+)(?: \[[^\]]*\])?:", stopped)} == job_pids, stopped
     assert recap(out)["failed"] == 0
     after = ct_processes(lab)
-    assert not job_pids & set(after), "job processes left: %s" % {p: after[p] for p in job_pids & set(after)}
+    # a zombie is gone (the agent's exit status may not be collected by the tmux server yet)
+    left = {pid: after[pid] for pid in job_pids & set(after) if not after[pid].endswith("<defunct>")}
+    assert not left, "job processes left: %s" % left
     # No other session, the tmux server nor a decoy was signalled.
     assert tmux_server(lab) == server and after.get(server) == procs[server], "the tmux server was restarted or killed"
     assert {name: pane_pids(lab, name) for name in DECOY_SESSIONS} == sessions
