@@ -83,9 +83,10 @@ def tmux_server(status: dict) -> int:
     return int(ct(status, "tmux", "display-message", "-p", "#{pid}").stdout.strip())
 
 
-def checkpoints(status: dict, ckpt_dir: str) -> list[str]:
-    done = ct(status, "ls", "-1", ckpt_dir, check=False)
-    return sorted(name for name in done.stdout.split() if name.endswith(".pt"))
+def checkpoints_newer(status: dict, ckpt_dir: str, marker: str) -> list[str]:
+    """Checkpoints written after marker was touched (a new run of the job may reuse a step's file name)."""
+    done = ct(status, "find", ckpt_dir, "-maxdepth", "1", "-name", "*.pt", "-newer", marker, "-printf", "%f\\n")
+    return sorted(done.stdout.split())
 
 
 def stopped_section(out: str) -> str:
@@ -111,7 +112,8 @@ def test_role_defaults_stop_a_tmux_new_session_torchrun_by_ctrl_c_and_nothing_el
     assert all(len(pids) == 1 for pids in sessions.values()), sessions  # vi and watch, on the same server
     decoys = decoy_pids(lab)
     assert len(decoys) >= 3, decoys  # networkd-dispatcher, vi, watch
-    before = checkpoints(lab, job["ckpt_dir"])
+    marker = "/tmp/gpuops-test-torchrun-before-stop"
+    ct(lab, "touch", marker)
 
     rc, out = role_defaults_play(lab)
 
@@ -132,7 +134,7 @@ def test_role_defaults_stop_a_tmux_new_session_torchrun_by_ctrl_c_and_nothing_el
     assert {name: pane_pids(lab, name) for name in DECOY_SESSIONS} == sessions
     assert decoy_pids(lab) == decoys
     # Rank 0 saved on the way out (torch.save via .tmp + rename): a new checkpoint that torch loads, none torn.
-    saved = [name for name in checkpoints(lab, job["ckpt_dir"]) if name not in before]
+    saved = checkpoints_newer(lab, job["ckpt_dir"], marker)
     assert len(saved) == 1, saved
     step = ct(lab, job["venv"] + "/bin/python", "-c", "import sys, torch; print(torch.load(sys.argv[1])['step'])",
               "%s/%s" % (job["ckpt_dir"], saved[0]), timeout=180).stdout.split()[-1]
