@@ -112,9 +112,21 @@ TRAINER_SESSION = "dflash"
 TRAINER_SCRIPT = CT_LAB + "/trainer/fake_trainer.py"
 TRAINER_CKPT = "/root/dflash/checkpoints"
 TRAINER_NPROC = 8
-BEHAVIOURS = ("graceful", "slow_checkpoint", "stubborn", "orphans", "respawn")
+BEHAVIOURS = ("graceful", "slow_checkpoint", "stubborn", "orphans", "respawn", "torchrun")
 DEFAULT_BEHAVIOUR = "graceful"
 STEP_RE = re.compile(r"^step \d+ \|", re.M)
+# The `torchrun` behaviour: not the fake trainer but a real DDP job (tests/lab/torchrun_job/train.py:
+# gloo on CPU, DataLoader workers, atomic torch.save checkpoints), launched the incident's way with the
+# command on `tmux new-session`, so the tmux server keeps torchrun's command line. PyTorch comes from a
+# venv made with CT200's own python3, built on first use and cached under CACHE_DIR (never by `up`).
+TORCHRUN = "torchrun"
+TORCH_VERSION = os.environ.get("GPUOPS_TORCH_VERSION", "2.13.0")
+CT_TORCH_VENV = "/opt/torch-venv-%s" % TORCH_VERSION
+CT_TORCH_WHEELS = "/opt/torch-wheels-%s" % TORCH_VERSION
+TORCHRUN_SCRIPT = CT_LAB + "/torchrun_job/train.py"
+TORCHRUN_CKPT = "/root/dflash/torchrun-checkpoints"
+TORCHRUN_NPROC = 2  # ranks (each with 2 DataLoader workers); this lab runs on a couple of CPU cores
+TORCHRUN_STEP_RE = re.compile(r"^step \d+ loss ", re.M)
 DECOY_SESSIONS = {
     "edit": ["vi", TRAINER_SCRIPT],
     "monitor": ["watch", "-n", "5", "nvidia-smi"],
@@ -488,12 +500,12 @@ def _tree_files(top: str) -> dict[str, str]:
 
 
 def sync_lab_files(rootfs: str) -> None:
-    """Mirror tests/lab/trainer and tests/lab/fakegpu into /opt/lab/ in the container.
+    """Mirror tests/lab/trainer, tests/lab/fakegpu and tests/lab/torchrun_job into /opt/lab/ in the container.
 
     File by file with an atomic rename, and only what changed: tools in the
     container (nvidia-smi every few seconds) never see a missing file.
     """
-    for name in ("trainer", "fakegpu"):
+    for name in ("trainer", "fakegpu", "torchrun_job"):
         src_top = os.path.join(HERE, name)
         if not os.path.isdir(src_top):
             continue
@@ -896,8 +908,18 @@ def host_proc_in_ct(vmid: str, ct_pid: int) -> int | None:
     return None
 
 
-def trainer_record(vmid: str) -> dict:
-    """PIDs (host and container) of the dflash pane's shell, the launcher and its workers."""
+def _ct_ref(pid: int) -> dict:
+    info = _proc.read_process(pid)
+    return dict(proc_ref(pid) or {}, ct_pid=info.nspid[-1] if info and info.nspid else None)
+
+
+def trainer_record(vmid: str, behaviour: str = DEFAULT_BEHAVIOUR) -> dict:
+    """PIDs (host and container) of the dflash pane's process, the launcher and its workers.
+
+    The fake trainer: the pane is a shell, the launcher its child, the workers below it. torchrun: the
+    pane's process is the agent itself (the command was given to `new-session`), its children are the
+    ranks (each in its own session, as torchrun starts them) and theirs the DataLoader workers.
+    """
     res = tmux(vmid, "display-message", "-p", "-t", "=" + TRAINER_SESSION + ":", "#{pane_pid}", check=False)
     try:
         pane_ct = int(res.stdout.decode().strip())
@@ -908,6 +930,12 @@ def trainer_record(vmid: str) -> dict:
         return {}
     kids = children_map()
     rec: dict = {"pane": dict(proc_ref(pane) or {}, ct_pid=pane_ct), "launcher": None, "workers": []}
+    if behaviour == TORCHRUN:
+        rec["launcher"] = rec["pane"]
+        rec["workers"] = [_ct_ref(pid) for pid in sorted(kids.get(pane, []))]
+        rec["loader_workers"] = [_ct_ref(pid) for rank in sorted(kids.get(pane, []))
+                                 for pid in sorted(kids.get(rank, []))]
+        return rec
     for pid in sorted(descendants(pane, kids)):
         info = _proc.read_process(pid)
         if info is None or not any(arg.endswith("fake_trainer.py") for arg in info.cmdline):
@@ -921,7 +949,7 @@ def trainer_record(vmid: str) -> dict:
 
 
 def trainer_refs(rec: dict) -> list[dict]:
-    refs = [rec.get("pane"), rec.get("launcher")] + list(rec.get("workers") or [])
+    refs = [rec.get("pane"), rec.get("launcher")] + list(rec.get("workers") or []) + list(rec.get("loader_workers") or [])
     return [r for r in refs if r and r.get("pid")]
 
 
@@ -940,21 +968,131 @@ def new_trainer_session() -> None:
          os.path.dirname(TRAINER_CKPT))
 
 
+VENV_MARKER = ".gpuops-lab-complete"
+
+
+def torch_venv_cache(timeout: float = 1800) -> str:
+    """The PyTorch (CPU) venv for CT200, made with the containers' own python3; built once, cached.
+
+    Built in a throwaway hard-link copy of the rootfs cache (the tree CT200 is copied from: its
+    python3, its libc), chrooted in a private mount namespace: no lab, container or lock of the lab is
+    involved, so it can be built ahead (`lab torch-venv`) or on first use of the torchrun behaviour. The
+    wheels (torch's CPU build from pip's find-links, its dependencies) are fetched on the host by the
+    system pip with its own configuration and installed with `--no-index`. Every step is bounded; an
+    interrupted build is started again. Keyed by torch version and rootfs.
+    """
+    cache = os.path.join(CACHE_DIR, "ct-torch-venv-%s-%s" % (TORCH_VERSION, cache_key()))
+    if os.path.exists(os.path.join(cache, VENV_MARKER)):
+        return cache
+    os.makedirs(CACHE_DIR, exist_ok=True)
+    fd = os.open(os.path.join(CACHE_DIR, ".ct-torch-venv.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = Deadline(timeout)
+        while True:  # one build at a time (bounded)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if deadline.expired():
+                    raise LabError("another build of %s took more than %ss" % (cache, timeout)) from None
+                time.sleep(1)
+        if os.path.exists(os.path.join(cache, VENV_MARKER)):
+            return cache
+        root = cache + ".build"
+        if os.path.exists(root):
+            shutil.rmtree(root)
+        log("building the torch %s venv for the containers (once, a few minutes): %s" % (TORCH_VERSION, cache))
+        run(["cp", "-al", rootfs_cache(), root], timeout=300)  # new directories, shared (unmodified) files
+        try:
+            wheels = os.path.join(root, CT_TORCH_WHEELS.lstrip("/"))
+            run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                 "--only-binary=:all:", "--dest", wheels, "torch==" + TORCH_VERSION], timeout=1200)
+            if not [name for name in os.listdir(wheels) if name.startswith("torch-%s+cpu-" % TORCH_VERSION)]:
+                raise LabError("pip found no CPU build of torch %s (torch-%s+cpu-*.whl in pip's find-links); a "
+                               "CUDA build would pull gigabytes of nvidia-* wheels: put the CPU wheel there"
+                               % (TORCH_VERSION, TORCH_VERSION))
+            env = "env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8"
+            script = " && ".join([
+                "mount -t proc proc %s/proc" % shlex.quote(root),
+                "mount --rbind /dev %s/dev" % shlex.quote(root),
+                "chroot %s %s python3 -m venv %s" % (shlex.quote(root), env, CT_TORCH_VENV),
+                "chroot %s %s %s/bin/pip install --quiet --disable-pip-version-check --no-index --find-links %s "
+                "torch==%s" % (shlex.quote(root), env, CT_TORCH_VENV, CT_TORCH_WHEELS, TORCH_VERSION),
+                "chroot %s %s %s/bin/python -c 'import torch.distributed, torch; assert torch.version.cuda is None'"
+                % (shlex.quote(root), env, CT_TORCH_VENV),
+            ])
+            # the mounts live in this private namespace only and end with it
+            run(["unshare", "--mount", "--propagation", "private", "--fork", "sh", "-c", script], timeout=1500)
+            venv = os.path.join(root, CT_TORCH_VENV.lstrip("/"))
+            with open(os.path.join(venv, VENV_MARKER), "w", encoding="utf-8") as handle:
+                handle.write("torch %s for %s (rootfs %s)\n" % (TORCH_VERSION, CT_TORCH_VENV, cache_key()))
+            shutil.rmtree(cache, ignore_errors=True)
+            os.rename(venv, cache)
+        finally:
+            umount_under(root)
+            shutil.rmtree(root, ignore_errors=True)
+        return cache
+    finally:
+        os.close(fd)
+
+
+def ct_torch_venv(vmid: str) -> str:
+    """Put the cached torch venv into the container (hard links: a second or so); its path there."""
+    dest = os.path.join(LXCPATH, vmid, "rootfs", CT_TORCH_VENV.lstrip("/"))
+    if os.path.exists(os.path.join(dest, VENV_MARKER)):
+        return CT_TORCH_VENV
+    cache = torch_venv_cache()
+    if os.path.exists(dest):
+        shutil.rmtree(dest)  # an interrupted copy: start again
+    if run(["cp", "-al", cache, dest], timeout=300, check=False).returncode != 0:
+        shutil.rmtree(dest, ignore_errors=True)  # the cache on another filesystem: a real copy
+        run(["cp", "-a", "--reflink=auto", cache, dest], timeout=600)
+    return CT_TORCH_VENV
+
+
+def trainer_command(behaviour: str) -> str:
+    if behaviour == TORCHRUN:
+        # --hold: each rank keeps /dev/nvidiaN open, as a CUDA rank does (the role's GPU-holder check sees it)
+        return shlex.join([CT_TORCH_VENV + "/bin/torchrun", "--standalone", "--nproc_per_node=%d" % TORCHRUN_NPROC,
+                           TORCHRUN_SCRIPT, "--ckpt-dir", TORCHRUN_CKPT, "--hold", "/dev/nvidia%d",
+                           "--num-workers", "2", "--step-sleep", "0.2"])
+    return shlex.join(["python3", TRAINER_SCRIPT, "--behaviour", behaviour, "--nproc", str(TRAINER_NPROC),
+                       "--ckpt-dir", TRAINER_CKPT])
+
+
 def start_trainer(state: dict, behaviour: str, timeout: float = 60) -> None:
     if behaviour not in BEHAVIOURS:
         raise LabError("unknown behaviour %r; pick one of %s" % (behaviour, ", ".join(BEHAVIOURS)))
     rootfs = os.path.join(LXCPATH, MAIN_CT, "rootfs")
-    if not os.path.exists(os.path.join(rootfs, TRAINER_SCRIPT.lstrip("/"))):
-        raise LabError("no %s in CT%s: tests/lab/trainer/fake_trainer.py is missing" % (TRAINER_SCRIPT, MAIN_CT))
+    script = TORCHRUN_SCRIPT if behaviour == TORCHRUN else TRAINER_SCRIPT
+    if not os.path.exists(os.path.join(rootfs, script.lstrip("/"))):
+        raise LabError("no %s in CT%s: tests/lab/%s is missing" % (
+            script, MAIN_CT, os.path.relpath(script, CT_LAB)))
     stop_trainer(state)
-    os.makedirs(os.path.join(rootfs, TRAINER_CKPT.lstrip("/")), exist_ok=True)
-    cmd = shlex.join(["python3", TRAINER_SCRIPT, "--behaviour", behaviour, "--nproc", str(TRAINER_NPROC),
-                      "--ckpt-dir", TRAINER_CKPT])
-    # A shell in the pane and the command typed into it, as the operator did; Ctrl-C then
-    # reaches the launcher through the terminal, and the shell stays when training ends.
-    new_trainer_session()
-    tmux(MAIN_CT, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "-l", cmd)
-    tmux(MAIN_CT, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "Enter")
+    if behaviour == TORCHRUN:
+        ct_torch_venv(MAIN_CT)
+    if behaviour == TORCHRUN or state.get("tmux_server") == TORCHRUN:
+        # torchrun: the job's session must start the server (which then keeps its command line), as on
+        # the incident's node. Any other behaviour: back to the baseline server that 'up' starts. Only
+        # the lab's own server in CT200 ends here; the decoy sessions are recreated on the new one.
+        tmux(MAIN_CT, "kill-server", check=False)
+        state.pop("tmux_server", None)
+    ckpt = TORCHRUN_CKPT if behaviour == TORCHRUN else TRAINER_CKPT
+    os.makedirs(os.path.join(rootfs, ckpt.lstrip("/")), exist_ok=True)
+    cmd = trainer_command(behaviour)
+    if behaviour == TORCHRUN:
+        timeout = max(timeout, 180)  # importing torch in two ranks on a busy 2-core machine
+        tmux(MAIN_CT, "new-session", "-d", "-s", TRAINER_SESSION, "-x", "200", "-y", "50", "-c",
+             os.path.dirname(TRAINER_CKPT), cmd)
+        state["tmux_server"] = TORCHRUN
+        step_re = TORCHRUN_STEP_RE
+    else:
+        # A shell in the pane and the command typed into it, as the operator did; Ctrl-C then
+        # reaches the launcher through the terminal, and the shell stays when training ends.
+        new_trainer_session()
+        tmux(MAIN_CT, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "-l", cmd)
+        tmux(MAIN_CT, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "Enter")
+        step_re = STEP_RE
     state["trainer"] = {"behaviour": behaviour, "command": cmd, "pids": {}, "started": time.time()}
     save_state(state)
     deadline = Deadline(timeout)
@@ -962,24 +1100,33 @@ def start_trainer(state: dict, behaviour: str, timeout: float = 60) -> None:
     while not deadline.expired():
         res = tmux(MAIN_CT, "capture-pane", "-p", "-t", "=" + TRAINER_SESSION + ":", "-S", "-200", check=False)
         pane = res.stdout.decode(errors="replace")
-        if STEP_RE.search(pane):
+        if step_re.search(pane):
             break
+        if res.returncode != 0 and behaviour == TORCHRUN and not has_session(MAIN_CT, TRAINER_SESSION):
+            raise LabError("torchrun exited before its first step line (its pane closed); run it by hand in "
+                           "CT%s to see why: %s" % (MAIN_CT, cmd))
         time.sleep(0.2)
     else:
         raise LabError("no step lines in tmux session %s within %ss; pane shows:\n%s" % (
             TRAINER_SESSION, timeout, pane[-1500:]))
     # workers may still be starting when the first step prints: record until all are there (bounded)
+    want = TORCHRUN_NPROC if behaviour == TORCHRUN else TRAINER_NPROC
+    loaders = 2 * TORCHRUN_NPROC if behaviour == TORCHRUN else 0  # --num-workers 2 per rank
+
+    def complete(rec: dict) -> bool:
+        return len(rec.get("workers", [])) >= want and len(rec.get("loader_workers", [])) >= loaders
+
     deadline = Deadline(10)
-    rec = trainer_record(MAIN_CT)
-    while len(rec.get("workers", [])) < TRAINER_NPROC and not deadline.expired():
+    rec = trainer_record(MAIN_CT, behaviour)
+    while not complete(rec) and not deadline.expired():
         time.sleep(0.2)
-        rec = trainer_record(MAIN_CT)
+        rec = trainer_record(MAIN_CT, behaviour)
     state["trainer"]["pids"] = rec
     save_state(state)
 
 
 def trainer_intact(state: dict) -> bool:
-    """The lab's trainer runs as started: pane shell, launcher and every worker alive."""
+    """The lab's trainer runs as started: pane process, launcher and every worker alive."""
     rec = state.get("trainer", {}).get("pids") or {}
     refs = [rec.get("pane"), rec.get("launcher")] + list(rec.get("workers") or [])
     return bool(rec.get("workers")) and all(ref_alive(r) for r in refs)
@@ -1041,6 +1188,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             if args.behaviour or not trainer_ok:
                 log("starting the %s trainer in tmux session %s" % (behaviour, TRAINER_SESSION))
                 start_trainer(state, behaviour)
+                ensure_decoys(MAIN_CT)  # leaving the torchrun behaviour restarts the tmux server
         else:
             log("tests/lab/trainer/fake_trainer.py does not exist yet: no trainer started")
         state["boot"] = boot
@@ -1105,6 +1253,36 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
+def trainer_status(trainer: dict, rec: dict, running: bool) -> dict:
+    """The trainer's part of `status`. torchrun: no shell in the pane (the agent is the pane's process,
+    `launcher`), `workers` are the ranks and `loader_workers` their DataLoader workers."""
+    torchrun = trainer.get("behaviour") == TORCHRUN
+
+    def pids(key: str) -> dict:
+        out = {"pane_shell": None if torchrun else (rec.get("pane") or {}).get(key),
+               "launcher": (rec.get("launcher") or {}).get(key),
+               "workers": [w.get(key) for w in rec.get("workers") or []]}
+        if torchrun:
+            out["loader_workers"] = [w.get(key) for w in rec.get("loader_workers") or []]
+        return out
+
+    status = {
+        "container": int(MAIN_CT),
+        "tmux_session": TRAINER_SESSION,
+        "behaviour": trainer.get("behaviour"),
+        "command": trainer.get("command"),
+        "script": TORCHRUN_SCRIPT if torchrun else TRAINER_SCRIPT,
+        "ckpt_dir": TORCHRUN_CKPT if torchrun else TRAINER_CKPT,
+        "nproc": TORCHRUN_NPROC if torchrun else TRAINER_NPROC,
+        "running": running,
+        "pids": pids("ct_pid"),
+        "host_pids": pids("pid"),
+    }
+    if torchrun:
+        status["venv"] = CT_TORCH_VENV
+    return status
+
+
 def status_dict() -> dict:
     state = load_json(STATE_FILE)
     sup = load_json(SUPERVISOR_FILE)
@@ -1151,20 +1329,7 @@ def status_dict() -> dict:
             "mount_ns": sup.get("mntns"),
             "config": SSHD_CONFIG,
         },
-        "trainer": {
-            "container": int(MAIN_CT),
-            "tmux_session": TRAINER_SESSION,
-            "behaviour": trainer.get("behaviour"),
-            "command": trainer.get("command"),
-            "script": TRAINER_SCRIPT,
-            "ckpt_dir": TRAINER_CKPT,
-            "nproc": TRAINER_NPROC,
-            "running": running,
-            "pids": {"pane_shell": ct(rec.get("pane")), "launcher": ct(rec.get("launcher")),
-                     "workers": [ct(w) for w in rec.get("workers") or []]},
-            "host_pids": {"pane_shell": host(rec.get("pane")), "launcher": host(rec.get("launcher")),
-                          "workers": [host(w) for w in rec.get("workers") or []]},
-        },
+        "trainer": trainer_status(trainer, rec, running),
         "decoys": {
             "networkd_dispatcher": "systemd unit networkd-dispatcher.service in CT%s" % MAIN_CT,
             "tmux_sessions": {name: shlex.join(argv) for name, argv in DECOY_SESSIONS.items()},
@@ -1204,6 +1369,12 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_torch_venv(args: argparse.Namespace) -> int:
+    preflight()
+    print(torch_venv_cache())
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lab", description="The local CT200 lab (run as root).")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -1213,12 +1384,14 @@ def main(argv: list[str]) -> int:
     sub.add_parser("status", help="print the lab's facts as JSON")
     p_tr = sub.add_parser("trainer", help="(re)start the dflash trainer with BEHAVIOUR and wait for step lines")
     p_tr.add_argument("behaviour", choices=BEHAVIOURS)
+    sub.add_parser("torch-venv", help="build the containers' cached torch venv (else built on first 'trainer torchrun')")
     sub.add_parser("_supervise", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         if args.cmd == "_supervise":
             return supervise()
-        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "trainer": cmd_trainer}[args.cmd](args)
+        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "trainer": cmd_trainer,
+                "torch-venv": cmd_torch_venv}[args.cmd](args)
     except LabError as exc:
         log("error: %s" % exc)
         return 1
