@@ -145,6 +145,33 @@ def router_workers(lab):
     return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", ROUTER_WORKERS_PY, ROUTER).stdout)
 
 
+def reset_pipeline(lab):
+    """A pipeline that must run again: no finished marker, no generated rows, no later stage's output."""
+    in_ct(lab, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json",
+          f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report")
+
+
+def wait_for_pipeline(lab, timeout=300):
+    """The pipeline runs on after the play: wait (bounded) until its unit has finished and left its marker."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = in_ct(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
+        marker = in_ct(lab, "test", "-s", f"{WORK}/pipeline.done", check=False).returncode == 0
+        if state in ("inactive", "failed") and marker:
+            return
+        assert state != "failed", in_ct(lab, "journalctl", "-u", "datagen-pipeline", "--no-pager", check=False).stdout
+        assert time.monotonic() < deadline, f"pipeline still {state}: " + in_ct(
+            lab, "journalctl", "-u", "datagen-pipeline", "--no-pager", "-n", "40", check=False).stdout
+        time.sleep(1)
+
+
+def pipeline_rows(lab):
+    """(generated rows, prepared prompts) of the pipeline's work dir, each parsed from its JSONL."""
+    def jsonl(name):
+        return [json.loads(line) for line in in_ct(lab, "cat", f"{WORK}/{name}").stdout.splitlines() if line.strip()]
+    return jsonl("generated.jsonl"), jsonl("prompts.jsonl")
+
+
 def play_result(*extra):
     env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_FORCE_COLOR="0")
     return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(CONVERGE), *extra],
@@ -164,27 +191,14 @@ def play(*extra):
 
 
 def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
-    # a pipeline that must run again: no finished marker, no generated rows
-    in_ct(lab, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json",
-          f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report")
+    reset_pipeline(lab)
     before = server_metrics(lab)
     out = play()[0]
     assert "pipeline: started" in out or "pipeline: running" in out, out[-3000:]
 
-    # it runs on after the play: wait (bounded) until the unit has finished
-    deadline = time.monotonic() + 300
-    while True:
-        state = in_ct(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
-        marker = in_ct(lab, "test", "-s", f"{WORK}/pipeline.done", check=False).returncode == 0
-        if state in ("inactive", "failed") and marker:
-            break
-        assert state != "failed", in_ct(lab, "journalctl", "-u", "datagen-pipeline", "--no-pager", check=False).stdout
-        assert time.monotonic() < deadline, f"pipeline still {state}: " + in_ct(
-            lab, "journalctl", "-u", "datagen-pipeline", "--no-pager", "-n", "40", check=False).stdout
-        time.sleep(1)
+    wait_for_pipeline(lab)
 
-    rows = [json.loads(line) for line in in_ct(lab, "cat", f"{WORK}/generated.jsonl").stdout.splitlines()]
-    prompts = in_ct(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()
+    rows, prompts = pipeline_rows(lab)
     assert len(rows) == len(prompts) == 100
     assert len({r["id"] for r in rows}) == 100
     assert {r["server"] for r in rows} == {"http://127.0.0.1:30000"}  # through the router
