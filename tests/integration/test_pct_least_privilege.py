@@ -162,6 +162,7 @@ def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     rc, tasks, err = play_json(WHOLE)
     assert rc == 0, err[-3000:]
     assert changed_steps(tasks) == [], changed_steps(tasks)
+    assert "Stopped: nothing, no process was selected" in summary(tasks), summary(tasks)
     assert pipeline_report(tasks).startswith("pipeline: finished for this config"), pipeline_report(tasks)
     only_pct_through_sudo_as_pveops(tasks, lab)
     assert not _h.trainer_pids(lab)
