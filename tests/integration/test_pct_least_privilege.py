@@ -75,10 +75,17 @@ def play_json(extra: dict) -> tuple[int, dict, str]:
 
 
 def task(tasks: dict, prefix: str) -> dict:
-    """The last result of the task whose name starts with PREFIX (names may hold unrendered templates)."""
+    """The last result that ran (not skipped) of the task whose name starts with PREFIX.
+
+    Names may hold unrendered templates. A task can run more than once: the
+    pre-flight runs in the playbook's validation pass and is skipped when the
+    role's main tasks come to it.
+    """
     found = [results for name, results in tasks.items() if name.split(" : ", 1)[-1].startswith(prefix)]  # "role : name"
     assert len(found) == 1, (prefix, sorted(tasks))
-    return found[0][-1]
+    ran = [result for result in found[0] if not result.get("skipped")]
+    assert ran, (prefix, found[0])
+    return ran[-1]
 
 
 def summary(tasks: dict) -> str:
