@@ -167,8 +167,10 @@ def test_user_without_sudo_fails_fast(status):
 
 
 def test_pct_lives_only_in_the_lab_hosts_namespace(status):
-    res = ssh(status, "readlink -f /usr/sbin/pct; command -v nvidia-smi")
-    assert res.stdout.splitlines() == [os.path.join(ROOT, "tests", "lab", "pct"), "/usr/bin/nvidia-smi"]
+    # a regular file (a non-root login must see it even when the checkout sits under a 0700 directory)
+    # that execs the checkout's pct
+    res = ssh(status, "test -f /usr/sbin/pct && test ! -L /usr/sbin/pct && tail -n 1 /usr/sbin/pct; command -v nvidia-smi")
+    assert res.stdout.splitlines() == ['exec %s "$@"' % os.path.join(ROOT, "tests", "lab", "pct"), "/usr/bin/nvidia-smi"]
     # the machine's own /usr/sbin stays untouched (unless it is a real PVE host)
     if not os.path.exists("/usr/share/perl5/PVE/CLI/pct.pm"):
         assert not os.path.lexists("/usr/sbin/pct")

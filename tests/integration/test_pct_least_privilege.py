@@ -158,9 +158,9 @@ def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
 
     # the second half ran too, through the same pveops session: the pipeline finishes after the play
     assert pipeline_report(tasks).startswith(("pipeline: started", "pipeline: running")), pipeline_report(tasks)
-    _d.wait_for_pipeline(lab)
-    rows, prompts = _d.pipeline_rows(lab)
-    prepared = {p["id"] for p in prompts}
+    _d.wait_pipeline_finished(lab, 300)
+    rows = _d.generated_rows(lab)
+    prepared = {json.loads(line)["id"] for line in _d.in_ct(lab, "cat", f"{_d.WORK}/prompts.jsonl").stdout.splitlines()}
     assert prepared and {r["id"] for r in rows} >= prepared, (len(rows), len(prepared))
     tokenized = json.loads(_d.in_ct(lab, "cat", f"{_d.WORK}/tokenized/manifest.json").stdout)
     assert tokenized["rows_out"] == len(prepared), tokenized

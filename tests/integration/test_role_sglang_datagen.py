@@ -28,12 +28,14 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "tests" / "lab" / "lab"
 BIN = Path(sys.executable).parent
 CONVERGE = ROOT / "tests" / "integration" / "sglang_datagen" / "converge.yml"
 INVENTORY = ROOT / "inventories" / "lab"
+LAB_VARS = INVENTORY / "group_vars" / "training_containers.yml"
 WORK = "/srv/datagen/work"
 ROUTER = "http://127.0.0.1:30000"
 WORKERS = [f"http://127.0.0.1:{31000 + i}" for i in range(8)]
@@ -63,7 +65,7 @@ rows = [r for s in man["shards"] for r in pq.read_table(s, columns=["id", "input
 def exact(r):
     p, o = gen[r["id"]]["prompt_token_ids"], gen[r["id"]]["response_token_ids"]
     return r["input_ids"] == p + o and r["loss_mask"][len(p):] == [1] * len(o)
-print(json.dumps({"rows": len(rows), "exact": sum(map(exact, rows)),
+print(json.dumps({"rows": len(rows), "distinct": len({r["id"] for r in rows}), "exact": sum(map(exact, rows)),
                   "with_ids": sum(bool(g.get("prompt_token_ids") and g.get("response_token_ids")) for g in gen.values()),
                   "tool": sum(bool(gen[r["id"]].get("tools")) for r in rows),
                   "agent": sum(any(m["role"] == "tool" for m in gen[r["id"]]["messages"]) for r in rows)}))
@@ -146,13 +148,13 @@ def router_workers(lab):
 
 
 def reset_pipeline(lab):
-    """A pipeline that must run again: no finished marker, no generated rows, no later stage's output."""
+    """A pipeline that must run again: no finished marker, no generated rows."""
     in_ct(lab, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json",
-          f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report")
+          f"{WORK}/generate.errors.jsonl", f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report")
 
 
-def wait_for_pipeline(lab, timeout=300):
-    """The pipeline runs on after the play: wait (bounded) until its unit has finished and left its marker."""
+def wait_pipeline_finished(lab, timeout):
+    """The pipeline runs on after the play: wait (bounded) until its unit has finished all its stages."""
     deadline = time.monotonic() + timeout
     while True:
         state = in_ct(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
@@ -165,11 +167,15 @@ def wait_for_pipeline(lab, timeout=300):
         time.sleep(1)
 
 
-def pipeline_rows(lab):
-    """(generated rows, prepared prompts) of the pipeline's work dir, each parsed from its JSONL."""
-    def jsonl(name):
-        return [json.loads(line) for line in in_ct(lab, "cat", f"{WORK}/{name}").stdout.splitlines() if line.strip()]
-    return jsonl("generated.jsonl"), jsonl("prompts.jsonl")
+def generated_rows(lab):
+    """The rows of generated.jsonl so far."""
+    return [json.loads(line) for line in in_ct(lab, "cat", f"{WORK}/generated.jsonl", check=False).stdout.splitlines()]
+
+
+def lab_worker_args(*extra):
+    """Extra vars: the lab inventory's worker arguments, then ``extra`` (the stand-in's argparse: the last wins)."""
+    args = yaml.safe_load(LAB_VARS.read_text())["sglang_datagen_worker_extra_args"]
+    return json.dumps({"sglang_datagen_worker_extra_args": [*args, *extra]})
 
 
 def play_result(*extra):
@@ -196,9 +202,11 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     out = play()[0]
     assert "pipeline: started" in out or "pipeline: running" in out, out[-3000:]
 
-    wait_for_pipeline(lab)
+    # it runs on after the play: wait (bounded) until the unit has finished
+    wait_pipeline_finished(lab, 300)
 
-    rows, prompts = pipeline_rows(lab)
+    rows = generated_rows(lab)
+    prompts = in_ct(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()
     assert len(rows) == len(prompts) == 100
     assert len({r["id"] for r in rows}) == 100
     assert {r["server"] for r in rows} == {"http://127.0.0.1:30000"}  # through the router
@@ -313,3 +321,39 @@ for _ in range(100):
     gate = re.search(r"TASK \[[^\]]*Wait until every worker is ready and the router routes to all of them\][^\n]*\n(\w+):", out)
     assert gate and gate.group(1) == "changed", out[-4000:]  # the gate registered it
     assert router_workers(lab) == {url: True for url in WORKERS}
+
+
+def test_router_uses_a_worker_restarted_mid_run_and_every_id_is_generated_once(lab):
+    # slow workers (10 s a request, 16 in flight: about 60 s for the 100 rows), so a restart lands mid-generation
+    reset_pipeline(lab)
+    play("-e", lab_worker_args("--latency", "10"))
+    argv = in_ct(lab, "systemctl", "show", "-p", "ExecStart", "sglang-datagen-router.service").stdout
+    assert "--cb-timeout-duration-secs 10" in argv, argv  # sglang_datagen_router_cb_timeout (upstream: 60)
+    unit, url = "sglang-datagen-worker@3.service", WORKERS[3]
+    before = server_metrics(lab)
+    in_ct(lab, "systemctl", "restart", unit)
+    # the restart happened while generate was still running (a oneshot unit is "activating" until its stages end):
+    # rows were left for the router to send
+    state = in_ct(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
+    assert state == "activating", state
+    left = 100 - len(generated_rows(lab))
+    assert left >= 30, f"only {left} rows left at the restart: the run is too short to show routing after it"
+
+    wait_pipeline_finished(lab, 240)
+
+    # the new process (another start time) answered chat requests: the router routed to it again by itself
+    after = server_metrics(lab)
+    assert after[url]["standin_start_time_seconds"] > before[url]["standin_start_time_seconds"], (before[url], after)
+    assert after[url]["standin_ok_total"] > 0, (after[url], in_ct(
+        lab, "journalctl", "-u", "sglang-datagen-router", "--no-pager", "-n", "30", "-o", "cat", check=False).stdout)
+    assert router_workers(lab) == {w: True for w in WORKERS}
+
+    # every prepared id exactly once, in generated.jsonl and in the tokenized rows, each token-exact
+    prompts = [json.loads(line)["id"] for line in in_ct(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()]
+    ids = [r["id"] for r in generated_rows(lab)]
+    assert len(prompts) == len(set(prompts)) == 100
+    assert sorted(ids) == sorted(prompts), (len(ids), len(set(ids)), sorted(set(prompts) - set(ids))[:5])
+    assert in_ct(lab, "test", "-s", f"{WORK}/generate.errors.jsonl", check=False).returncode != 0, in_ct(
+        lab, "cat", f"{WORK}/generate.errors.jsonl", check=False).stdout[-2000:]
+    exact = json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", TOKEN_EXACT_PY, WORK).stdout)
+    assert (exact["rows"], exact["distinct"], exact["exact"]) == (100, 100, 100), exact

@@ -733,9 +733,12 @@ class _Stop(Exception):
 def _overlay_file(target_dir: str, name: str, source: str, tag: str) -> None:
     """Show source at target_dir/name in this mount namespace only; nothing is written to target_dir.
 
-    An overlay whose upper layer holds a symlink to the checkout: edits to the
-    source take effect at once, and tools that find their library next to
-    their realpath (the fake nvidia-smi) keep working.
+    An overlay whose upper layer holds a two-line wrapper that execs the
+    checkout's file: edits to the source take effect at once, tools that find
+    their library next to their realpath (the fake nvidia-smi) keep working, and
+    target_dir/name is a regular file like the real one. A symlink would not do:
+    a checkout under a 0700 directory (mktemp -d) makes it dangle for a non-root
+    login such as pveops, which then sees no pct before sudo runs it as root.
     """
     upper = os.path.join(NS_DIR, tag + ".upper")
     work = os.path.join(NS_DIR, tag + ".work")
@@ -743,7 +746,10 @@ def _overlay_file(target_dir: str, name: str, source: str, tag: str) -> None:
         if os.path.exists(path):
             shutil.rmtree(path)
         os.makedirs(path)
-    os.symlink(source, os.path.join(upper, name))
+    wrapper = os.path.join(upper, name)
+    with open(wrapper, "w", encoding="utf-8") as f:
+        f.write("#!/bin/sh\nexec %s \"$@\"\n" % shlex.quote(source))
+    os.chmod(wrapper, 0o755)
     run(["mount", "-t", "overlay", "overlay", "-o",
          "lowerdir=%s,upperdir=%s,workdir=%s" % (target_dir, upper, work), target_dir])
 

@@ -87,8 +87,8 @@ def gate(workers: List[str], router: Optional[str], timeout: float, delay: float
                 for w in missing:
                     if w in ready and register(router, w, deadline - time.monotonic()):
                         registered.add(w)
-        done = len(ready) == len(workers) and (router is None or (listed is not None and not missing
-                                                                    and not unhealthy))
+        router_knows_all = router is None or (listed is not None and not missing and not unhealthy)
+        done = len(ready) == len(workers) and router_knows_all
         if done or time.monotonic() + delay > deadline:
             return {"ready": done, "elapsed": round(time.monotonic() - t0, 1), "workers": states,
                     "not_ready": [w for w in workers if states[w] != "ready"],
