@@ -10,14 +10,16 @@
 root (like pct's ``ipcc_send_rec`` permission error), so every step that reached
 pct on the host went through ``sudo -n /usr/sbin/pct`` under that one rule.
 
-1. the incident: the ``stubborn`` trainer (Ctrl-C ignored) is stopped and the GPUs
-   are proved free;
+1. the incident, the whole playbook: the ``stubborn`` trainer (Ctrl-C ignored) is
+   stopped and the GPUs are proved free, then sglang_datagen (the lab inventory's
+   settings) serves, gates and launches the pipeline, which writes a generated row
+   for every prepared prompt; a second run changes nothing;
 2. the last rung: GPU memory held by a stray process and ``pct reboot`` hanging
    (the lab's reboot-hang fault): the reboot fails, ``pct stop`` + ``pct start``
    bring CT200 back, its status is polled, all as pveops.
 
-Results come from the JSON callback: each pct step's ``cmd`` must start with
-``sudo -n /usr/sbin/pct``.
+Results come from the JSON callback: every step delegated to the PVE host is a pct
+step whose ``cmd`` starts with ``sudo -n /usr/sbin/pct``.
 """
 
 from __future__ import annotations
@@ -29,17 +31,18 @@ from pathlib import Path
 import pytest
 
 
-def _helpers():
-    """The role test's lab helpers, loaded under their own name (test modules share one namespace)."""
+def _helpers(name: str, test_file: str):
+    """A role test's lab helpers, loaded under their own name (test modules share one namespace)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("stop_training_lab_helpers", Path(__file__).with_name("test_role_stop_training.py"))
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(test_file))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_h = _helpers()
+_h = _helpers("stop_training_lab_helpers", "test_role_stop_training.py")
+_d = _helpers("sglang_datagen_lab_helpers", "test_role_sglang_datagen.py")
 lab = _h.lab
 reboot_hang = _h.reboot_hang
 
@@ -47,10 +50,16 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 PVEOPS = {"ansible_user": "pveops"}
 SUDO_PCT = ["sudo", "-n", "/usr/sbin/pct"]
+# both halves: the stop ladder kept short, sglang_datagen with the lab inventory's settings
+WHOLE = dict(_h.STUBBORN, repurpose_datagen=True)
 
 
 def play_json(extra: dict) -> tuple[int, dict, str]:
-    """The playbook as pveops; returns (rc, {task name: [results for ct200]}, stderr)."""
+    """The playbook as pveops; returns (rc, {task name: [results for ct200]}, stderr).
+
+    A result of a step delegated to another host is filed under ct200 too (its
+    ``_ansible_delegated_vars`` say where it ran).
+    """
     env = dict(_h.env(), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
     done = subprocess.run(_h.argv(dict(extra, **PVEOPS)), cwd=_h.ROOT, env=env, capture_output=True, text=True, timeout=800, check=False)
     try:
@@ -66,10 +75,11 @@ def play_json(extra: dict) -> tuple[int, dict, str]:
 
 
 def task(tasks: dict, prefix: str) -> dict:
-    """The last result that ran of the task whose name starts with PREFIX (names may hold unrendered templates).
+    """The last result that ran (not skipped) of the task whose name starts with PREFIX.
 
-    Tasks of the validation pass (the pre-flight) run in the playbook's first play and show up
-    again, skipped, where the role would run them on its own.
+    Names may hold unrendered templates. A task can run more than once: the
+    pre-flight runs in the playbook's validation pass and is skipped when the
+    role's main tasks come to it.
     """
     found = [results for name, results in tasks.items() if name.split(" : ", 1)[-1].startswith(prefix)]  # "role : name"
     assert len(found) == 1, (prefix, sorted(tasks))
@@ -87,21 +97,82 @@ def only_pct_rule(status: dict) -> None:
     assert users.get("pveops", {}).get("sudo") == "NOPASSWD: /usr/sbin/pct", users
 
 
-def test_incident_end_to_end_as_pveops_with_only_the_pct_sudo_rule(lab):
+def on_the_pve_host(tasks: dict, status: dict) -> dict[str, list[dict]]:
+    """{task name: results} of every step delegated to the PVE host's address (the lab's sshd).
+
+    Callbacks see a delegated step's host, port, user and connection only (ansible-core's
+    task_result.py ``_SUB_PRESERVE``), not the inventory name: the address tells it apart
+    from the steps delegated to the controller.
+    """
+    address = (status["host"], str(status["port"]))
+    found: dict[str, list[dict]] = {}
+    for name, results in tasks.items():
+        for result in results:
+            delegated = result.get("_ansible_delegated_vars") or {}
+            if (delegated.get("ansible_host"), str(delegated.get("ansible_port"))) == address:
+                found.setdefault(name, []).append(result)
+    return found
+
+
+def only_pct_through_sudo_as_pveops(tasks: dict, status: dict) -> None:
+    """Every step on the PVE host ran as pveops and its command is ``sudo -n /usr/sbin/pct ...``."""
+    host_steps = on_the_pve_host(tasks, status)
+    assert host_steps, sorted(tasks)  # the pre-flight at least
+    for name, results in host_steps.items():
+        for result in results:
+            if result.get("skipped"):
+                continue
+            assert result["_ansible_delegated_vars"].get("ansible_user") == "pveops", (name, result)
+            assert result.get("cmd", [])[:3] == SUDO_PCT, (name, result)
+
+
+def pipeline_report(tasks: dict) -> str:
+    """The first line of sglang_datagen's report: ``pipeline: started|running|finished for this config...``."""
+    lines = [r["msg"][0] for results in tasks.values() for r in results
+             if isinstance(r.get("msg"), list) and r["msg"] and str(r["msg"][0]).startswith("pipeline: ")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def changed_steps(tasks: dict) -> list[str]:
+    return sorted(name for name, results in tasks.items() if any(r.get("changed") for r in results))
+
+
+def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     only_pct_rule(lab)
     _h.trainer("stubborn")
     assert _h.trainer_pids(lab)
     decoys = _h.decoy_pids(lab)
-    rc, tasks, err = play_json(_h.STUBBORN)
+    _d.reset_pipeline(lab)
+    rc, tasks, err = play_json(WHOLE)
     assert rc == 0, err[-3000:]
     pre = task(tasks, "Pre-flight | Is the container running (asked on its PVE host)")
     assert pre["cmd"][:3] == SUDO_PCT and pre["ct_status"] == "running", pre
+    only_pct_through_sudo_as_pveops(tasks, lab)
     text = summary(tasks)
     assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free" in text, text
     assert not _h.trainer_pids(lab)
     assert _h.decoy_pids(lab) == decoys
     assert max(_h.gpu_used(lab).values()) <= 512
     assert _h.lock_holder(lab) is None
+
+    # the second half ran too, through the same pveops session: the pipeline finishes after the play
+    assert pipeline_report(tasks).startswith(("pipeline: started", "pipeline: running")), pipeline_report(tasks)
+    _d.wait_pipeline_finished(lab, 300)
+    rows = _d.generated_rows(lab)
+    prepared = {json.loads(line)["id"] for line in _d.in_ct(lab, "cat", f"{_d.WORK}/prompts.jsonl").stdout.splitlines()}
+    assert prepared and {r["id"] for r in rows} >= prepared, (len(rows), len(prepared))
+    tokenized = json.loads(_d.in_ct(lab, "cat", f"{_d.WORK}/tokenized/manifest.json").stdout)
+    assert tokenized["rows_out"] == len(prepared), tokenized
+
+    # again as pveops: nothing left to do in either half
+    rc, tasks, err = play_json(WHOLE)
+    assert rc == 0, err[-3000:]
+    assert changed_steps(tasks) == [], changed_steps(tasks)
+    assert "Stopped: nothing, no process was selected" in summary(tasks), summary(tasks)
+    assert pipeline_report(tasks).startswith("pipeline: finished for this config"), pipeline_report(tasks)
+    only_pct_through_sudo_as_pveops(tasks, lab)
+    assert not _h.trainer_pids(lab)
 
 
 def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
@@ -114,6 +185,7 @@ def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
         rc, tasks, err = play_json({"stop_training_gpu_timeout": 10, "stop_training_restart_container": True,
                                     "stop_training_restart_timeout": 8})
         assert rc == 0, err[-3000:]
+        only_pct_through_sudo_as_pveops(tasks, lab)
         reboot = task(tasks, "Restart | pct reboot (bounded by stop_training_restart_timeout)")
         assert reboot["failed"] and reboot["cmd"] == SUDO_PCT + ["reboot", "200", "--timeout", "8"], reboot
         assert "container did not stop" in reboot["stderr_lines"], reboot
