@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -79,11 +80,41 @@ class StandinProcess:
         self.stop()
 
 
+def free_ports(count: int = 1) -> List[int]:
+    """``count`` distinct loopback ports, free right now, from below the kernel's ephemeral range.
+
+    The router needs its ports up front (it has no --port-file). A port the kernel hands out for ``bind(0)``
+    lies in the ephemeral range, where any outgoing connection (the router's own health checks of its
+    workers) may take it before the router binds it; the ports stay bound together until all are chosen,
+    so two calls cannot return the same one.
+    """
+    low = 20000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            high = min(int(fh.read().split()[0]), 65536) - 1
+    except (OSError, ValueError, IndexError):
+        high = 32767
+    held: List[socket.socket] = []
+    try:
+        for port in random.sample(range(low, high + 1), min(200, high - low + 1)):
+            sock = socket.socket()
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                sock.close()
+                continue
+            held.append(sock)
+            if len(held) == count:
+                return [s.getsockname()[1] for s in held]
+        raise RuntimeError(f"no {count} free loopback ports in {low}-{high}")
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def free_port() -> int:
-    """A port free on loopback right now (the router needs one up front: it has no --port-file)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """One free loopback port (see ``free_ports``)."""
+    return free_ports(1)[0]
 
 
 class RouterProcess:
@@ -100,8 +131,7 @@ class RouterProcess:
         self.policy = policy
         self.expect = len(self.worker_urls) if expect is None else expect
         self.python = python
-        self.port = free_port()
-        self.metrics_port = free_port()
+        self.port, self.metrics_port = free_ports(2)
         self.proc: Optional[subprocess.Popen] = None
         self._dir = tempfile.mkdtemp(prefix="router-")
         self.log_path = os.path.join(self._dir, "router.log")
@@ -129,20 +159,33 @@ class RouterProcess:
             except OSError:
                 pass
             if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"sglang-router exited: {open(self.log_path).read()[-3000:]}")
+                raise RuntimeError(f"sglang-router exited: {self._read_log()[-3000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"sglang-router did not list {n} healthy workers in {timeout}s")
             time.sleep(0.1)
 
-    def start(self, timeout: float = 30.0) -> RouterProcess:
-        cmd = [self.python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
-               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-               "--policy", self.policy, "--worker-startup-check-interval", "1", "--log-level", "warn",
-               *self.args, "--worker-urls", *self.worker_urls]
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
-        self.wait_workers(self.expect, timeout)
+    def start(self, timeout: float = 30.0, attempts: int = 3) -> RouterProcess:
+        for attempt in range(1, attempts + 1):
+            cmd = [self.python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
+                   "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
+                   "--policy", self.policy, "--worker-startup-check-interval", "1", "--log-level", "warn",
+                   *self.args, "--worker-urls", *self.worker_urls]
+            self._log = open(self.log_path, "wb")
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+            try:
+                self.wait_workers(self.expect, timeout)
+                return self
+            except RuntimeError:
+                # a port taken between choosing and binding is the test rig's race, not the router's behaviour
+                if attempt == attempts or "Address already in use" not in self._read_log():
+                    raise
+                self.stop()
+                self.port, self.metrics_port = free_ports(2)
         return self
+
+    def _read_log(self) -> str:
+        with open(self.log_path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 
@@ -22,7 +18,7 @@ pytest.importorskip("sglang_router", reason="the real sglang-router (requirement
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import StandinProcess  # noqa: E402
+from harness import RouterProcess, StandinProcess  # noqa: E402
 
 MESSAGES = [
     {"role": "system", "content": "You are an agent."},
@@ -41,44 +37,13 @@ TOOLS = [
 ]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def routed(tmp_path_factory):
     """A stand-in worker recording what it receives, behind the real router (both on loopback)."""
     record = str(tmp_path_factory.mktemp("route") / "requests.jsonl")
-    worker = StandinProcess(["--record-requests", record, "--return-input-ids", "--return-output-ids"],
-                            model="m").start()
-    port, metrics = _free_port(), _free_port()
-    log = tempfile.TemporaryFile()
-    router = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                               "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
-                               str(metrics), "--worker-urls", worker.url], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/workers", timeout=5) as resp:
-                    if any(w.get("is_healthy") for w in json.loads(resp.read()).get("workers", [])):
-                        break
-            except (OSError, ValueError):
-                pass
-            assert router.poll() is None and time.monotonic() < deadline, "sglang-router did not come up"
-            time.sleep(0.2)
-        yield url, record
-    finally:
-        router.terminate()
-        try:
-            router.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            router.kill()
-            router.wait(timeout=15)
-        worker.stop()
+    with StandinProcess(["--record-requests", record, "--return-input-ids", "--return-output-ids"],
+                        model="m") as worker, RouterProcess([worker.url]) as router:
+        yield router.url, record
 
 
 def _chat(url, messages, tools):
