@@ -612,7 +612,7 @@ class Connection(ConnectionBase):
         err = to_text(st.stderr, errors="surrogate_or_replace").strip()
         if st.rc == 0:
             try:
-                state = _pct.parse_status(to_text(st.stdout, errors="surrogate_or_replace"))
+                state = _pct.parse_pct_status(to_text(st.stdout, errors="surrogate_or_replace"))
             except _pct.PctError:
                 return
             if state == "running":

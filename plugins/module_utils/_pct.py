@@ -238,7 +238,7 @@ def quote(argv: t.Sequence[str]) -> str:
     return shlex.join(list(argv))
 
 
-def parse_status(text: str) -> str:
+def parse_pct_status(text: str) -> str:
     """``status: running`` -> ``running``; raise ``PctError`` on anything else."""
     m = _STATUS_RE.search(text or "")
     if not m:

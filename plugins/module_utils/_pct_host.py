@@ -96,7 +96,7 @@ def ct_status(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], 
             raise PctHostFailure("container %d does not exist on this host (%s); check vmid against `pct list`" % (vmid, text), ct_status="missing")
         raise PctHostFailure("`pct status %d` failed (rc %d): %s" % (vmid, rc, text))
     try:
-        return _pct.parse_status(out.decode("utf-8", "replace"))
+        return _pct.parse_pct_status(out.decode("utf-8", "replace"))
     except _pct.PctError as e:
         raise PctHostFailure(str(e)) from None
 

@@ -108,7 +108,7 @@ def parse_cmdline(raw: bytes) -> tuple[str, ...]:
     return tuple(p.decode("utf-8", "surrogateescape") for p in parts)
 
 
-def parse_status(text: str) -> dict[str, str]:
+def parse_proc_status(text: str) -> dict[str, str]:
     """``/proc/PID/status`` as a dict of its ``Key:\\tvalue`` lines."""
     fields: dict[str, str] = {}
     for line in text.splitlines():
@@ -170,7 +170,7 @@ def read_process(pid: int, proc_root: str = "/proc") -> ProcessInfo | None:
         stat = parse_stat(_read_text(base + "/stat"))
         with open(base + "/cmdline", "rb") as handle:
             cmdline = parse_cmdline(handle.read())
-        status = parse_status(_read_text(base + "/status"))
+        status = parse_proc_status(_read_text(base + "/status"))
         try:
             cgroup = _read_text(base + "/cgroup")
         except PermissionError:

@@ -178,13 +178,13 @@ def test_missing_rule_hint():
     "text, expected",
     [("status: running\n", "running"), ("status: stopped\n", "stopped"), ("warn\nstatus: running\n", "running")],
 )
-def test_parse_status(text, expected):
-    assert _pct.parse_status(text) == expected
+def test_parse_pct_status(text, expected):
+    assert _pct.parse_pct_status(text) == expected
 
 
-def test_parse_status_rejects_garbage():
+def test_parse_pct_status_rejects_garbage():
     with pytest.raises(_pct.PctError, match="unexpected"):
-        _pct.parse_status("Configuration file 'nodes/pve1/lxc/999.conf' does not exist\n")
+        _pct.parse_pct_status("Configuration file 'nodes/pve1/lxc/999.conf' does not exist\n")
 
 
 @pytest.mark.parametrize(

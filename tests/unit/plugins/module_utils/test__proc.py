@@ -20,7 +20,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     parse_cmdline,
     parse_nspid,
     parse_stat,
-    parse_status,
+    parse_proc_status,
     parse_uid,
     read_process,
     read_process_light,
@@ -69,8 +69,8 @@ def test_parse_cmdline(raw, argv):
     assert parse_cmdline(raw) == argv
 
 
-def test_parse_status_uid_nspid():
-    status = parse_status("Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t5020\t32244\n")
+def test_parse_proc_status_uid_nspid():
+    status = parse_proc_status("Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\nNSpid:\t5020\t32244\n")
     assert parse_uid(status) == 1000 and parse_nspid(status) == (5020, 32244)
     assert parse_uid({}) is None and parse_nspid({}) == ()
 
