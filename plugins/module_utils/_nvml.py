@@ -19,15 +19,17 @@ from __future__ import annotations
 import time
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import (
-    _PID_LIMIT,
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import (
+    PID_LIMIT,
     BackendUnavailable,
     GpuError,
     GpuInfo,
     GpuProcess,
+    Sample,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._nvidia_smi_backend import (
     NvidiaSmiBackend,
     Runner,
-    Sample,
     resolve_nvidia_smi,
     run_command,
 )
@@ -64,7 +66,7 @@ def _err(nvml: t.Any, name: str) -> tuple:
 
 def sentinel_pid(pid: int) -> bool:
     """PIDs NVML returns when its process struct does not match the driver's (0, -1, garbage)."""
-    return pid <= 0 or pid >= _PID_LIMIT
+    return pid <= 0 or pid >= PID_LIMIT
 
 
 class NvmlBackend:

@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Bounded waiting: one monotonic deadline type for every wait in the collection.
+"""Bounded waiting: one monotonic deadline type for every wait in the collection, and the sampling loop
+``gpu_free_wait`` waits with (:class:`Waiter`).
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets).
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import time
 import typing as t
+from dataclasses import dataclass, field
 
 
 class Deadline:
@@ -40,3 +42,70 @@ class Deadline:
         if at > self.at:
             self.at = at
             self.timeout = self.at - self.started
+
+
+@dataclass
+class WaitResult:
+    free: bool
+    first: t.Any  # a sample: anything with ``at`` (wall clock) and ``took`` (seconds), like _gpu_model.Sample
+    last: t.Any
+    samples: int
+    elapsed: float
+    history: list[dict] = field(default_factory=list)
+    timed_out: bool = False
+
+
+def _history_entry(sample: t.Any, started: float, free: bool, counted: t.Mapping[int, int]) -> dict:
+    return {"t": round(sample.at, 3), "elapsed": round(sample.at - started, 3), "took": round(sample.took, 3),
+            "free": free, "counted_mib": dict(counted)}
+
+
+class Waiter:
+    """Samples every ``interval`` until ``stable_for`` consecutive free samples or ``timeout``."""
+
+    def __init__(self, timeout: float, interval: float, delay: float = 0.0, stable_for: int = 1,
+                 sleep: t.Callable[[float], None] = time.sleep, clock: t.Callable[[], float] = time.monotonic,
+                 history_limit: int = 100) -> None:
+        self.timeout, self.interval, self.delay, self.stable_for = timeout, interval, delay, stable_for
+        self.sleep, self.clock, self.history_limit = sleep, clock, history_limit
+
+    def wait(self, sample_fn: t.Callable[[], t.Any],
+             free_fn: t.Callable[[t.Any], t.Tuple[bool, t.Mapping[int, int]]]) -> WaitResult:
+        deadline = Deadline(self.timeout, clock=self.clock)  # delay counts within timeout, as in wait_for
+        wall_start = time.time()
+        if self.delay:
+            self.sleep(min(self.delay, deadline.remaining()))
+        streak = count = 0
+        first: t.Any = None
+        history: list[dict] = []
+        while True:
+            began = self.clock()
+            sample = sample_fn()
+            count += 1
+            first = first or sample
+            free, counted = free_fn(sample)
+            sample.took = self.clock() - began  # backend calls and judgement: the next sample starts interval after
+            streak = streak + 1 if free else 0
+            history.append(_history_entry(sample, wall_start, free, counted))
+            del history[:-self.history_limit]
+            if streak >= self.stable_for:
+                return WaitResult(True, first, sample, count, deadline.elapsed(), history)
+            if deadline.expired():
+                return WaitResult(False, first, sample, count, deadline.elapsed(), history, timed_out=True)
+            # sleep from the end of the sample: a slow backend never turns into back-to-back calls
+            self.sleep(min(self.interval, deadline.remaining()))
+
+
+class CheckModeWaiter(Waiter):
+    """Check mode: one sample, reported; never waits (the kubernetes.core no-op waiter idea)."""
+
+    def __init__(self) -> None:
+        super().__init__(timeout=0, interval=1)
+
+    def wait(self, sample_fn, free_fn) -> WaitResult:
+        start = self.clock()
+        wall_start = time.time()
+        sample = sample_fn()
+        free, counted = free_fn(sample)
+        return WaitResult(free, sample, sample, 1, self.clock() - start,
+                          [_history_entry(sample, wall_start, free, counted)], timed_out=False)

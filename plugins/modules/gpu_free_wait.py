@@ -273,23 +273,24 @@ import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import (  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import (  # noqa: E402
     DEFAULT_DEVICE_PATHS,
-    DEFAULT_IGNORE_PROCESSES,
-    CheckModeWaiter,
-    GpuError,
-    Waiter,
     classify_holders,
+    merge_backend_processes,
+    scan_holders,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import (  # noqa: E402
+    DEFAULT_IGNORE_PROCESSES,
     counted_mib,
     discounted_mib,
     judge,
-    merge_backend_processes,
-    scan_holders,
     select_gpus,
     validate_options,
 )
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError  # noqa: E402
 from ansible_collections.gpuops.repurpose.plugins.module_utils._nvml import open_backend  # noqa: E402
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_process  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import CheckModeWaiter, Waiter  # noqa: E402
 
 
 def _classified(found, p, sample, selected):

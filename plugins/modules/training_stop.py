@@ -371,11 +371,8 @@ import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import (  # noqa: E402
-    DEFAULT_IGNORE_PROCESSES,
-    classify_holders,
-    scan_holders,
-)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import classify_holders, scan_holders  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES  # noqa: E402
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (  # noqa: E402
     LadderError,
     ProcessSet,

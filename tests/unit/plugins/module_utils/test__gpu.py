@@ -10,8 +10,14 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _gpu
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import GpuError, GpuInfo, GpuProcess, Sample
+from ansible_collections.gpuops.repurpose.plugins.module_utils import (
+    _gpu_holders,
+    _gpu_judge,
+    _nvidia_smi,
+    _nvidia_smi_backend,
+    _wait,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError, GpuInfo, GpuProcess, Sample
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_process
 
 U0 = "GPU-72e5f72d-18ee-5e60-842e-9c4a48fc83cd"
@@ -24,7 +30,7 @@ GOOD = (
 
 
 def test_parse_gpu_csv_good():
-    gpus = _gpu.parse_gpu_csv(GOOD)
+    gpus = _nvidia_smi.parse_gpu_csv(GOOD)
     assert [(g.index, g.uuid, g.name, g.used_mib, g.total_mib, g.bus_id) for g in gpus] == [
         (0, U0, NAME, 80004, 97887, "00000000:01:00.0"),
         (1, U1, NAME, 4, 97887, "00000000:21:00.0"),
@@ -32,7 +38,7 @@ def test_parse_gpu_csv_good():
 
 
 def test_parse_gpu_csv_accepts_units_left_in():
-    assert _gpu.parse_gpu_csv("0, %s, %s, 12 MiB, 97887 MiB, 00000000:01:00.0" % (U0, NAME))[0].used_mib == 12
+    assert _nvidia_smi.parse_gpu_csv("0, %s, %s, 12 MiB, 97887 MiB, 00000000:01:00.0" % (U0, NAME))[0].used_mib == 12
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -52,7 +58,7 @@ def test_parse_gpu_csv_accepts_units_left_in():
 ])
 def test_parse_gpu_csv_never_reads_bad_output_as_free(text, fragment):
     with pytest.raises(GpuError) as err:
-        _gpu.parse_gpu_csv(text)
+        _nvidia_smi.parse_gpu_csv(text)
     assert fragment in str(err.value)
 
 
@@ -69,23 +75,23 @@ def test_parse_gpu_csv_never_reads_bad_output_as_free(text, fragment):
 ])
 def test_check_nvidia_smi_names_the_cause(rc, out, fragment):
     with pytest.raises(GpuError) as err:
-        _gpu.check_nvidia_smi(rc, out, "")
+        _nvidia_smi.check_nvidia_smi(rc, out, "")
     assert fragment in str(err.value)
 
 
 def test_check_nvidia_smi_ok():
-    _gpu.check_nvidia_smi(0, GOOD, "")
+    _nvidia_smi.check_nvidia_smi(0, GOOD, "")
 
 
 def test_parse_apps_csv():
     text = "4242, /usr/bin/python3, 80000, %s\n77, Xorg, [N/A], %s\n" % (U0, U1)
-    assert _gpu.parse_apps_csv(text) == [
+    assert _nvidia_smi.parse_apps_csv(text) == [
         GpuProcess(pid=4242, gpu_uuid=U0, used_mib=80000, name="/usr/bin/python3"),
         GpuProcess(pid=77, gpu_uuid=U1, used_mib=None, name="Xorg"),
     ]
-    assert _gpu.parse_apps_csv("") == []
+    assert _nvidia_smi.parse_apps_csv("") == []
     with pytest.raises(GpuError):
-        _gpu.parse_apps_csv("pid, process_name\n")
+        _nvidia_smi.parse_apps_csv("pid, process_name\n")
 
 
 def gpus_of(*used):
@@ -100,12 +106,12 @@ def gpus_of(*used):
     (["gpu-00000001-0000-0000-0000-000000000000", "1"], [1]),
 ])
 def test_select_gpus(wanted, expected):
-    assert [g.index for g in _gpu.select_gpus(gpus_of(1, 2, 3), wanted)] == expected
+    assert [g.index for g in _gpu_judge.select_gpus(gpus_of(1, 2, 3), wanted)] == expected
 
 
 def test_select_unknown_gpu_names_what_is_there():
     with pytest.raises(GpuError, match=r"no GPU '7' here; present: 0 \(GPU-00000000"):
-        _gpu.select_gpus(gpus_of(1, 2), ["7"])
+        _gpu_judge.select_gpus(gpus_of(1, 2), ["7"])
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
@@ -122,18 +128,18 @@ def test_validate_options_rejects(kwargs, fragment):
     args = dict(gpus=[], max_used_mib=512, stable_for=2, timeout=10, interval=1, delay=0, container=None)
     args.update(kwargs)
     with pytest.raises(GpuError, match=fragment.replace("(", r"\(")):
-        _gpu.validate_options(**args)
+        _gpu_judge.validate_options(**args)
 
 
 def test_validate_options_normalises():
-    assert _gpu.validate_options([0, " 3 ", U0], 0, 1, 0, 0.1, 0, 200) == ["0", "3", U0]
+    assert _gpu_judge.validate_options([0, " 3 ", U0], 0, 1, 0, 0.1, 0, 200) == ["0", "3", U0]
 
 
 @pytest.mark.parametrize("used, limit, free", [
     ((4, 4), 512, True), ((512, 4), 512, True), ((513, 4), 512, False), ((4, 80004), 512, False), ((0,), 0, True),
 ])
 def test_judge(used, limit, free):
-    assert _gpu.judge(gpus_of(*used), {}, limit) is free
+    assert _gpu_judge.judge(gpus_of(*used), {}, limit) is free
 
 
 class P:
@@ -152,14 +158,14 @@ def test_discount_only_known_memory_of_ignored_or_out_of_scope_processes():
              12: P("Xorg"), 13: P("python3", "0::/lxc/201/ns")}
     lookup = table.get
     # unscoped: only Xorg's known 10000 MiB is discounted
-    assert _gpu.discounted_mib(sample, ["Xorg"], None, lookup) == {gpus[1].uuid: 10000}
+    assert _gpu_judge.discounted_mib(sample, ["Xorg"], None, lookup) == {gpus[1].uuid: 10000}
     # container 200: CT201's and the host's known MiB do not count; CT200's does; unknown MiB always counts
-    discount = _gpu.discounted_mib(sample, ["Xorg"], 200, lookup)
+    discount = _gpu_judge.discounted_mib(sample, ["Xorg"], 200, lookup)
     assert discount == {gpus[1].uuid: 30000}
-    assert _gpu.judge(gpus[1:], discount, 512) is True
-    assert _gpu.judge(gpus[:1], discount, 512) is False
+    assert _gpu_judge.judge(gpus[1:], discount, 512) is True
+    assert _gpu_judge.judge(gpus[:1], discount, 512) is False
     # a PID foreign to this namespace cannot be attributed: it counts
-    assert _gpu.discounted_mib(sample, ["Xorg"], 200, lambda pid: None) == {}
+    assert _gpu_judge.discounted_mib(sample, ["Xorg"], 200, lambda pid: None) == {}
 
 
 @pytest.mark.parametrize("comm, argv, patterns, hit", [
@@ -170,7 +176,7 @@ def test_discount_only_known_memory_of_ignored_or_out_of_scope_processes():
     ("xorg", ["xorg"], ["Xorg"], ""),
 ])
 def test_name_ignored(comm, argv, patterns, hit):
-    assert _gpu.name_ignored(comm, argv, patterns) == hit
+    assert _gpu_judge.name_ignored(comm, argv, patterns) == hit
 
 
 class FakeClock:
@@ -199,7 +205,7 @@ def run_wait(busy_until, timeout=10.0, interval=1.0, delay=0.0, stable_for=1, pa
             return pattern[len(calls) - 1], {}
         return sample.at >= busy_until, {}
 
-    waiter = _gpu.Waiter(timeout=timeout, interval=interval, delay=delay, stable_for=stable_for,
+    waiter = _wait.Waiter(timeout=timeout, interval=interval, delay=delay, stable_for=stable_for,
                          sleep=clock.sleep, clock=clock.clock)
     return waiter.wait(sample_fn, free_fn), calls, clock
 
@@ -240,7 +246,7 @@ def test_check_mode_waiter_samples_once_even_when_busy():
         calls.append(1)
         return Sample(at=time.time(), gpus=(), processes=(), backend="x")
 
-    result = _gpu.CheckModeWaiter().wait(sample_fn, lambda s: (False, {}))
+    result = _wait.CheckModeWaiter().wait(sample_fn, lambda s: (False, {}))
     assert calls == [1] and result.samples == 1 and not result.free and not result.timed_out
 
 
@@ -298,7 +304,7 @@ def test_scan_finds_holders_like_fuser(devices, spawn):
     b = spawn(devices / "nvidia1", devices / "nvidia3")
     c = spawn(devices / "nvidiactl")
     d = spawn(devices / "other")
-    found = _gpu.scan_holders([str(devices / "nvidia*")])
+    found = _gpu_holders.scan_holders([str(devices / "nvidia*")])
     got = sorted((h.pid, h.gpu) for h in found)
     assert got == sorted([(a.pid, 0), (b.pid, 1), (b.pid, 3), (c.pid, None)])
     assert d.pid not in {h.pid for h in found}
@@ -313,14 +319,14 @@ def test_scan_matches_by_identity_under_another_path(devices, spawn, tmp_path):
     other.mkdir()
     os.link(devices / "nvidia3", other / "nvidia3")
     holder = spawn(other / "nvidia3")
-    found = _gpu.scan_holders([str(devices / "nvidia*")])
+    found = _gpu_holders.scan_holders([str(devices / "nvidia*")])
     assert [(h.pid, h.gpu, h.device) for h in found] == [(holder.pid, 3, str(devices / "nvidia3"))]
 
 
 def test_scan_excludes_pids_and_is_empty_without_devices(devices, spawn, tmp_path):
     holder = spawn(devices / "nvidia0")
-    assert _gpu.scan_holders([str(devices / "nvidia*")], exclude_pids={holder.pid}) == []
-    assert _gpu.scan_holders([str(tmp_path / "none" / "nvidia*")]) == []
+    assert _gpu_holders.scan_holders([str(devices / "nvidia*")], exclude_pids={holder.pid}) == []
+    assert _gpu_holders.scan_holders([str(tmp_path / "none" / "nvidia*")]) == []
 
 
 def test_classify_and_merge(devices, spawn, tmp_path):
@@ -330,31 +336,31 @@ def test_classify_and_merge(devices, spawn, tmp_path):
     x = spawn(devices / "nvidia1", exe=str(xorg))
     idle = spawn(devices / "nvidia3")
     gpus = gpus_of(80004, 300, 4, 4)
-    found = _gpu.scan_holders([str(devices / "nvidia*")])
+    found = _gpu_holders.scan_holders([str(devices / "nvidia*")])
     procs = (GpuProcess(train.pid, gpus[0].uuid, 80000), GpuProcess(3999999, gpus[0].uuid, 10))
     sample = Sample(at=0, gpus=tuple(gpus), processes=procs, backend="x")
-    merged, foreign = _gpu.merge_backend_processes(found, sample, gpus, read_process)
+    merged, foreign = _gpu_holders.merge_backend_processes(found, sample, gpus, read_process)
     assert foreign == [{"pid": 3999999, "name": "", "gpu_uuid": gpus[0].uuid, "used_mib": 10}]
-    counted, ignored = _gpu.classify_holders(merged, gpus[:2], ["Xorg"], None, read_process)
+    counted, ignored = _gpu_holders.classify_holders(merged, gpus[:2], ["Xorg"], None, read_process)
     assert [(h.pid, h.gpu, h.used_mib, h.gpu_uuid) for h in counted] == [(train.pid, 0, 80000, gpus[0].uuid)]
     assert [(h.pid, h.ignored) for h in ignored] == [(x.pid, "ignore_processes: Xorg")]
     assert idle.pid not in {h.pid for h in counted + ignored}  # GPU 3 was not selected
     # scoped to a container: host processes do not count
-    counted, ignored = _gpu.classify_holders(merged, gpus[:2], [], 200, read_process)
+    counted, ignored = _gpu_holders.classify_holders(merged, gpus[:2], [], 200, read_process)
     assert counted == [] and {h.ignored for h in ignored} == {"outside container 200 (host)"}
     assert "pid %d" % train.pid in ignored[0].describe()
 
 
 def test_resolve_nvidia_smi(tmp_path):
     with pytest.raises(GpuError, match="not found on PATH"):
-        _gpu.resolve_nvidia_smi("nvidia-smi-does-not-exist")
+        _nvidia_smi_backend.resolve_nvidia_smi("nvidia-smi-does-not-exist")
     with pytest.raises(GpuError, match="is not an executable file"):
-        _gpu.resolve_nvidia_smi(str(tmp_path / "nvidia-smi"))
-    assert _gpu.resolve_nvidia_smi("sh").endswith("/sh")
+        _nvidia_smi_backend.resolve_nvidia_smi(str(tmp_path / "nvidia-smi"))
+    assert _nvidia_smi_backend.resolve_nvidia_smi("sh").endswith("/sh")
 
 
 def test_run_command_bounded_and_c_locale(tmp_path):
-    rc, out, _err = _gpu.run_command(["sh", "-c", "echo $LC_ALL"], 5)
+    rc, out, _err = _nvidia_smi_backend.run_command(["sh", "-c", "echo $LC_ALL"], 5)
     assert (rc, out) == (0, "C\n")
     with pytest.raises(GpuError, match="did not answer within 0.5 s"):
-        _gpu.run_command(["sleep", "5"], 0.5)
+        _nvidia_smi_backend.run_command(["sleep", "5"], 0.5)

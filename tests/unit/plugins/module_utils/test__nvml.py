@@ -13,7 +13,11 @@ import pynvml
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _nvml
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import BackendUnavailable, GpuError, GpuProcess
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import (
+    BackendUnavailable,
+    GpuError,
+    GpuProcess,
+)
 
 MIB = 1024 * 1024
 NAME = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
