@@ -142,6 +142,8 @@ def parse_ladder(raw: t.Any, *, tmux: bool, kill_timeout: float) -> list[Rung]:
         where = "ladder[%d]" % index
         if not isinstance(item, dict):
             raise LadderError("%s: each rung must be a dict like {signal: SIGTERM, timeout: 30}, got %r" % (where, item))
+        # the module's suboptions fill the keys a rung leaves out with None: absent, as when called directly
+        item = {key: value for key, value in item.items() if value is not None}
         unknown = sorted(set(item) - {"signal", "timeout", "via", "to"})
         if unknown:
             raise LadderError("%s: unknown key(s) %s; a rung has signal, timeout, and optionally via (tmux) and to "

@@ -8,7 +8,7 @@ This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets, py>=3.9). It never signals
 anything. The decisions are pure functions over a process table (a dict
 ``pid -> ProcessInfo`` from ``_proc``); only :func:`read_table`,
-:func:`tmux_panes` and :func:`read_pid_file` touch the system. Bad input
+:func:`read_pid_file` (and ``_tmux.tmux_panes``) touch the system. Bad input
 raises :class:`SelectError` whose message names the option and the fix.
 
 The tree rule (``closure``)
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import typing as t
 from dataclasses import dataclass, field, replace
 
@@ -64,6 +63,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     read_process_light,
     read_stat,
 )
+from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import Pane, TmuxError, tmux_panes
 
 INTERPRETERS = re.compile(r"^(?:python[0-9.]*|pypy[0-9.]*|bash|sh|dash|zsh|perl|ruby|node|env|uv|conda)$")
 # interpreter options that consume the next argument (python -W x, -X y; bash -o x)
@@ -85,12 +85,6 @@ class Member:
     @property
     def pid(self) -> int:
         return self.info.pid
-
-
-@dataclass(frozen=True)
-class Pane:
-    pane_id: str
-    pid: int
 
 
 # ---------------------------------------------------------------- system readers
@@ -168,80 +162,6 @@ def started_after(info: ProcessInfo, wall_time: float, proc_root: str = "/proc",
     except ProcError as exc:
         raise SelectError(str(exc)) from None
     return booted + info.starttime / ticks > wall_time + slack
-
-
-def tmux_list_panes_argv(socket: str | None = None, tmux: str = "tmux") -> list[str]:
-    # every pane of the server, filtered by exact session name in Python: tmux's own target
-    # lookup is fuzzy ("list-panes -s -t =dflash" resolves to a session "dflash-eval" in tmux 3.3)
-    argv = [tmux]
-    if socket:
-        argv += ["-S", socket]
-    return argv + ["list-panes", "-a", "-F", "#{pane_id}\t#{pane_pid}\t#{session_name}"]
-
-
-def tmux_send_keys_argv(pane_id: str, keys: str = "C-c", socket: str | None = None, tmux: str = "tmux") -> list[str]:
-    argv = [tmux]
-    if socket:
-        argv += ["-S", socket]
-    return argv + ["send-keys", "-t", pane_id, keys]
-
-
-def tmux_capture_argv(pane_id: str, lines: int = 50, socket: str | None = None, tmux: str = "tmux") -> list[str]:
-    argv = [tmux]
-    if socket:
-        argv += ["-S", socket]
-    return argv + ["capture-pane", "-p", "-J", "-t", pane_id, "-S", "-%d" % lines]
-
-
-def last_step(text: str, step_regex: t.Pattern[str]) -> int | None:
-    """The step number of the last line ``step_regex`` finds in ``text`` (its first group, else the first number)."""
-    found = None
-    for hit in step_regex.finditer(text):
-        digits = re.search(r"\d+", hit.group(1) if hit.groups() and hit.group(1) else hit.group(0))
-        if digits:
-            found = int(digits.group(0))
-    return found
-
-
-def tmux_step(panes: t.Sequence[Pane], step_regex: t.Pattern[str], socket: str | None = None, timeout: float = 5.0) -> int | None:
-    """The highest last step line shown in ``panes`` (None without one, or when the panes are gone)."""
-    steps = []
-    for pane in panes:
-        try:
-            done = subprocess.run(tmux_capture_argv(pane.pane_id, socket=socket), stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0:
-            step = last_step(done.stdout.decode(errors="replace"), step_regex)
-            if step is not None:
-                steps.append(step)
-    return max(steps) if steps else None
-
-
-def parse_panes(text: str, session: str) -> list[Pane]:
-    """Panes of exactly ``session`` from ``list-panes -a`` output (``%id<TAB>pid<TAB>session``)."""
-    panes = []
-    for line in text.splitlines():
-        words = line.split("\t", 2)
-        if len(words) == 3 and words[2] == session and words[0].startswith("%") and words[1].isdigit():
-            panes.append(Pane(words[0], int(words[1])))
-    return panes
-
-
-def tmux_panes(session: str, socket: str | None = None, timeout: float = 10.0) -> tuple[list[Pane], str]:
-    """The panes of ``session`` and a note; a missing tmux, server or session is no panes, not an error."""
-    argv = tmux_list_panes_argv(socket)
-    try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
-    except FileNotFoundError:
-        return [], "tmux is not installed: no session %r" % session
-    except subprocess.TimeoutExpired:
-        raise SelectError("tmux_session: 'tmux list-panes' did not answer within %ss; check the tmux server" % timeout) from None
-    if done.returncode != 0:
-        return [], "no tmux server (%s): no session %r" % (done.stderr.decode(errors="replace").strip(), session)
-    panes = parse_panes(done.stdout.decode(errors="replace"), session)
-    return panes, "" if panes else "no tmux session %r" % session
 
 
 # ---------------------------------------------------------------- pure rules
@@ -668,7 +588,10 @@ def snapshot(
             notes.append("pid_file: %s does not exist: nothing selected from it" % pid_file)
     panes: list[Pane] = []
     if tmux_session:
-        panes, note = tmux_panes(tmux_session, tmux_socket)
+        try:
+            panes, note = tmux_panes(tmux_session, tmux_socket)
+        except TmuxError as exc:
+            raise SelectError(str(exc)) from None
         if note:
             notes.append(note)
     self_pid = os.getpid()

@@ -112,14 +112,11 @@ options:
     default: false
   ladder:
     description:
-      - The rungs, in order. Each is a dict with C(signal) (name like V(SIGINT), V(INT) or number),
-        C(timeout) (seconds >= 0), optional C(via=tmux) (Ctrl-C to every pane of I(tmux_session);
-        signal must be SIGINT) and optional C(to) (V(launcher) - the roots and their process groups,
-        what Ctrl-C in their terminal reaches - or V(all) - every process of the snapshot, launchers
-        first). C(to) defaults to V(launcher) for SIGINT and V(all) otherwise.
-      - A SIGKILL rung waits at most I(kill_timeout).
+      - The rungs, in order, tried until no selected process is left. Success is judged only by the processes
+        exiting.
+      - A SIGKILL rung waits at most O(kill_timeout).
       - "Default: C([{signal: SIGINT, timeout: 45, via: tmux}, {signal: SIGTERM, timeout: 30}, {signal: SIGKILL, timeout: 10}])
-        (without C(via) when I(tmux_session) is unset; the SIGKILL rung waits I(kill_timeout))."
+        (without C(via) when O(tmux_session) is unset; the SIGKILL rung waits O(kill_timeout))."
       - At most one SIGINT rung (Ctrl-C); a torchrun agent restarts its shutdown on a second signal and exits at
         once on a third, orphaning its ranks.
       - When a selected root is a torchrun agent (C(torchrun), C(python -m torch.distributed.run)), a SIGINT rung
@@ -130,6 +127,30 @@ options:
         C(TORCH_ELASTIC_SHUTDOWN_TIMEOUT) in its C(/proc/PID/environ), else 30 s (so 45 s by default).
     type: list
     elements: dict
+    suboptions:
+      signal:
+        description:
+          - Signal of this rung, a name (V(SIGINT), V(INT)) or a number (V(9)). Required in every rung.
+          - SIGSTOP and other signals that do not end a process are refused.
+        type: raw
+      timeout:
+        description:
+          - Seconds to wait for the selected processes to exit after this rung (a finite number >= 0). Required in
+            every rung.
+        type: raw
+      via:
+        description:
+          - V(tmux) sends Ctrl-C to every pane of O(tmux_session) instead of a signal (so O(tmux_session) must be
+            set, and the rung's signal must be SIGINT). Success is still judged by the processes, never by the pane.
+        type: str
+        choices: [tmux]
+      to:
+        description:
+          - V(launcher) signals the roots and their process groups (what Ctrl-C in their terminal reaches), V(all)
+            every process of the snapshot, launchers first.
+          - Defaults to V(launcher) for SIGINT and V(all) otherwise.
+        type: str
+        choices: [launcher, all]
   gpu_devices:
     description:
       - Shell-style patterns of GPU device files (for example V(/dev/nvidia*)). Processes holding one of them open
@@ -362,124 +383,20 @@ elapsed:
   sample: 3.62
 """
 
-import fcntl  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import pwd  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import classify_holders, scan_holders  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (  # noqa: E402
-    LadderError,
-    ProcessSet,
-    describe_process,
-    fit_to_torchrun,
-    parse_ladder,
-    run_ladder,
-    stat_children,
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job import SELECTORS, stop_job  # noqa: E402
+
+# type raw: a signal is a name or a number, and a timeout given as a bool or a word gets the ladder's own error
+# (naming the rung and the fix) rather than being read as 1.0; _ladder.parse_ladder checks both
+RUNG_OPTIONS = dict(
+    signal=dict(type="raw"),
+    timeout=dict(type="raw"),
+    via=dict(type="str", choices=["tmux"]),
+    to=dict(type="str", choices=["launcher", "all"]),
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_environ  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (  # noqa: E402
-    RunLock,
-    RunLockError,
-    describe_holder,
-    lock_key,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (  # noqa: E402
-    SelectError,
-    command_of,
-    compile_regex,
-    late_children,
-    read_tpgid,
-    snapshot,
-    tmux_panes,
-    tmux_send_keys_argv,
-    tmux_step,
-    torchrun_shutdown_timeout,
-)
-
-SELECTORS = ["pids", "pid_file", "match", "tmux_session", "container"]
-
-
-def _user(uid):
-    if uid is None:
-        return None
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def _member_dict(member):
-    info = member.info
-    return {
-        "pid": info.pid, "ppid": info.ppid, "pgid": info.pgid, "sid": info.sid, "uid": info.uid,
-        "user": _user(info.uid), "starttime": info.starttime, "state": info.state, "depth": member.depth,
-        "how": member.how, "cmdline": command_of(info) or "[%s]" % info.comm,
-    }
-
-
-def _diff_lines(entries):
-    return "".join("%d %s\n" % (e["pid"], e["cmdline"]) for e in entries)
-
-
-def _check_numbers(module):
-    for option in ("max_grace", "kill_timeout", "progress_stall"):
-        value = module.params[option]
-        if value is None or not math.isfinite(value) or value < 0:
-            module.fail_json(msg="%s: must be a finite number of seconds >= 0, got %r" % (option, value))
-    for pid in module.params["pids"] or []:
-        if pid <= 0:
-            module.fail_json(msg="pids: %r is not a PID; give positive integers" % pid)
-    if module.params["container"] is not None and module.params["container"] < 100:
-        module.fail_json(msg="container: %r is not a Proxmox VMID (100 or more)" % module.params["container"])
-    if module.params["tmux_session"] is not None and not module.params["tmux_session"].strip():
-        module.fail_json(msg="tmux_session: must be a session name, got an empty string")
-
-
-def _gpu_holders(params, ignore_pids=()):
-    """Processes holding params['gpu_devices'] in scope, one dict per pid (driver tools and ``ignore_pids`` left out)."""
-    if not params["gpu_devices"]:
-        return []
-    found = scan_holders(params["gpu_devices"], exclude_pids={os.getpid()})
-    counted, _ignored = classify_holders(found, None, DEFAULT_IGNORE_PROCESSES, params["container"])
-    by_pid = {}
-    for holder in counted:
-        if holder.pid not in ignore_pids:
-            by_pid.setdefault(holder.pid, {"pid": holder.pid, "name": holder.name, "cmdline": holder.cmdline,
-                                           "gpu": holder.gpu, "device": holder.device})
-    return [by_pid[pid] for pid in sorted(by_pid)]
-
-
-def _holders_text(holders):
-    return "; ".join("pid %(pid)d %(name)s on %(device)s: %(cmdline)s" % h for h in holders[:20]) + (
-        " ... and %d more" % (len(holders) - 20) if len(holders) > 20 else "")
-
-
-LOCK_KEY_OPTIONS = ("pids", "pid_file", "match", "tmux_session", "tmux_socket", "container", "gpu_devices")
-
-
-def _selection_text(params):
-    return ", ".join("%s=%s" % (option, params[option]) for option in LOCK_KEY_OPTIONS if params[option])
-
-
-def _locked_elsewhere(lock):
-    """Check mode's peek: is a ladder holding the lock now? (never waits, never takes it for long)"""
-    try:
-        fd = os.open(lock.lock_path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
 
 
 def main():
@@ -494,7 +411,7 @@ def main():
             container=dict(type="int"),
             exclude=dict(type="list", elements="str", default=[]),
             allow_broad_match=dict(type="bool", default=False),
-            ladder=dict(type="list", elements="dict"),
+            ladder=dict(type="list", elements="dict", options=RUNG_OPTIONS),
             progress_paths=dict(type="list", elements="path", default=[]),
             progress_stall=dict(type="float", default=10.0),
             step_regex=dict(type="str", default=r"\bstep\s+(\d+)"),
@@ -509,186 +426,10 @@ def main():
         mutually_exclusive=[["tmux_session", "container"]],
         supports_check_mode=True,
     )
-    params = module.params
-    result = dict(changed=False, selected=[], plan=[], rungs=[], stopped_by=None, stopped_by_index=None,
-                  survivors=[], unkillable=[], late_children=[], notes=[], left_out=[], gpu_holders=[], previous=None, lock_waited=0.0, pidfd=False,
-                  elapsed=0.0)
-    lock = RunLock(params["lock_dir"], lock_key({option: params[option] for option in LOCK_KEY_OPTIONS}))
-    climbing = []  # set once this run recorded a ladder as running: its outcome is recorded at the end
-
-    def finish(failed_msg=None):
-        result["elapsed"] = round(time.monotonic() - started, 4)
-        if climbing:
-            try:
-                lock.record(dict(climbing[0], state="failed" if failed_msg else "done", msg=failed_msg or "",
-                                 finished=time.time(), stopped_by=result["stopped_by"], survivors=result["survivors"],
-                                 gpu_holders=[h["pid"] for h in result["gpu_holders"]], elapsed=result["elapsed"]))
-            except OSError as exc:
-                result["notes"].append("could not record this ladder's outcome in %s: %s" % (lock.state_path, exc))
-        lock.release()
-        if failed_msg:
-            module.fail_json(msg=failed_msg, **result)
-        module.exit_json(**result)
-
-    _check_numbers(module)
-    try:
-        rungs = parse_ladder(params["ladder"], tmux=bool(params["tmux_session"]), kill_timeout=params["kill_timeout"])
-        step_regex = compile_regex("step_regex", params["step_regex"]) if params["tmux_session"] and params["step_regex"] else None
-        if module.check_mode:
-            holder = lock.holder() if _locked_elsewhere(lock) else None
-            if holder is not None:
-                result["notes"].append("a ladder is running now for this selection: %s" % describe_holder(holder, time.time()))
-        else:
-            # before the snapshot: a second run sees the job as the first ladder left it
-            lock.acquire(params["lock_timeout"], {"pid": os.getpid(), "started": time.time(),
-                                                  "selection": _selection_text(params)})
-            result["lock_waited"] = round(lock.waited, 3)
-            if lock.waited_for:
-                result["notes"].append("waited %.1fs for %s" % (lock.waited, lock.waited_for))
-        result["previous"] = lock.previous()
-        holders_before = _gpu_holders(params)
-        selection = snapshot(
-            pids=params["pids"] or [], pid_file=params["pid_file"], match=params["match"],
-            tmux_session=params["tmux_session"], tmux_socket=params["tmux_socket"], container=params["container"],
-            exclude=params["exclude"], allow_broad_match=params["allow_broad_match"],
-            gpu_holders=[h["pid"] for h in holders_before] if params["gpu_holders"] == "stop" else [],
-        )
-    except (LadderError, SelectError, RunLockError) as exc:
-        lock.release()
-        module.fail_json(msg=str(exc), **result)
-    members = sorted(selection.members.values(), key=lambda m: (m.depth, m.pid))
-    shutdown_timeouts = [value for value in (
-        torchrun_shutdown_timeout(m.info.cmdline, read_environ(m.pid)) for m in members if m.depth == 0) if value is not None]
-    rungs, fit_notes = fit_to_torchrun(rungs, max(shutdown_timeouts) if shutdown_timeouts else None)
-    result["plan"] = [rung.describe() for rung in rungs]
-    result["notes"] = result["notes"] + selection.notes + fit_notes
-    result["left_out"] = [{"pid": pid, "why": why, "cmdline": cmd} for pid, (why, cmd) in sorted(selection.left_out.items())]
-    result["selected"] = [_member_dict(m) for m in members]
-    if selection.refused:
-        finish(selection.refused)
-    unselected = [h for h in holders_before if h["pid"] not in selection.members]
-    if unselected and not members:
-        # never "nothing to do" while something holds the GPUs: with the launcher gone (killed -9, OOM)
-        # these are its orphaned ranks, training on with their tmux pane closed
-        result["gpu_holders"] = unselected
-        finish("nothing was selected, but %d process(es) hold GPU devices (%s), likely the orphaned ranks of a "
-               "launcher that is gone: %s. Nothing was signalled. Select them (pids, match), or set gpu_holders: "
-               "stop to stop every GPU holder%s." % (
-                   len(unselected), ", ".join(params["gpu_devices"]), _holders_text(unselected),
-                   " in CT %d" % params["container"] if params["container"] else ""))
-    if unselected:
-        result["notes"].append("%d process(es) outside the selection hold GPU devices: %s" % (
-            len(unselected), _holders_text(unselected)))
-    if not members:
-        previous = result["previous"]
-        if previous and previous.get("state") in ("done", "failed", "interrupted"):
-            result["notes"].append("nothing selected now; the last ladder for this selection (pid %s, %s) %s" % (
-                previous.get("pid"), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(previous.get("finished") or previous.get("started") or 0)),
-                "was interrupted before it finished" if previous["state"] == "interrupted" else
-                "stopped the job with %s" % previous["stopped_by"] if previous.get("stopped_by") else
-                "ended: %s" % (previous.get("msg") or "nothing was left to stop")))
-        finish()
-    if module._diff:
-        result["diff"] = dict(before=_diff_lines(result["selected"]), after="")
-    if module.check_mode:
-        result["changed"] = True
-        finish()
-
-    roots = [m for m in members if m.depth == 0]
-    root_pgids = {m.info.pgid for m in roots}
-    for m in roots:
-        tpgid = read_tpgid(m.pid)
-        if tpgid > 0 and any(o.info.pgid == tpgid for o in members):
-            root_pgids.add(tpgid)
-
-    climbing.append({"pid": os.getpid(), "started": time.time(), "selection": _selection_text(params),
-                     "selected": [m.pid for m in members]})
-    try:
-        lock.record(dict(climbing[0], state="running"))
-    except OSError as exc:
-        result["notes"].append("could not record this ladder in %s: %s" % (lock.state_path, exc))
-    procs = ProcessSet()
-    result["pidfd"] = procs.use_pidfd
-    for m in members:
-        procs.add(m.pid, m.info.starttime, m.depth, m.info.pgid)
-
-    def send_keys():
-        # panes are listed again: a pane may have closed since the snapshot
-        panes, note = tmux_panes(params["tmux_session"], params["tmux_socket"])
-        sent, errors = [], [note] if note else []
-        for pane in panes:
-            argv = tmux_send_keys_argv(pane.pane_id, "C-c", params["tmux_socket"])
-            try:
-                done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                errors.append("%s: %s" % (pane.pane_id, exc))
-                continue
-            if done.returncode == 0:
-                sent.append(pane.pane_id)
-            else:
-                errors.append("%s: %s" % (pane.pane_id, done.stderr.decode(errors="replace").strip()))
-        return sent, errors
-
-    excludes = [compile_regex("exclude", pattern) for pattern in params["exclude"]]
-    step_probe = None
-    if step_regex is not None:
-
-        def step_probe():
-            return tmux_step(tmux_panes(params["tmux_session"], params["tmux_socket"])[0], step_regex, params["tmux_socket"])
-
-    def find_children(parents):
-        return late_children(stat_children(parents), selection.seen, excludes)
-
-    try:
-        outcome = run_ladder(
-            rungs, procs, root_pgids=root_pgids,
-            # Ctrl-C in a pane reaches only what runs in it: a job found otherwise (orphaned ranks
-            # found as GPU holders, the pane left at its prompt) gets SIGINT to its launchers instead
-            send_keys=send_keys if any(m.how == "tmux_session" for m in members) else None, progress_paths=params["progress_paths"],
-            progress_stall=params["progress_stall"], max_grace=params["max_grace"], find_children=find_children,
-            started=started, step_probe=step_probe,
-        )
-    finally:
-        procs.close()
-    result["changed"] = outcome.signalled
-    result["rungs"] = [r.as_dict() for r in outcome.rungs]
-    result["late_children"] = outcome.late_children
-    if outcome.stopped_by is not None:
-        rung = outcome.rungs[outcome.stopped_by]  # as climbed: a Ctrl-C rung with no pane left sent SIGINT itself
-        result["stopped_by"] = rung.signal + (" via tmux" if rung.via == "tmux" else "")
-        result["stopped_by_index"] = outcome.stopped_by
-    elif not outcome.rungs:
-        result["notes"].append("every selected process exited before the first signal")
-    result["survivors"] = outcome.survivors
-    if module._diff:
-        left = [e for e in result["selected"] if e["pid"] in set(outcome.survivors)]
-        result["diff"] = dict(before=_diff_lines(result["selected"]), after=_diff_lines(left))
-    if outcome.survivors:
-        details = [describe_process(pid) for pid in outcome.survivors]
-        for entry in details:
-            if entry["pid"] in outcome.denied:
-                entry["error"] = outcome.denied[entry["pid"]]
-        if outcome.denied:
-            # not the host's fault: this module lacks the right to signal them
-            result["unkillable"] = details
-            finish("%d process(es) could not be signalled (%s); run the module as root (become: true) or as the "
-                   "job's user" % (len(outcome.denied), "; ".join(
-                       "pid %d: %s" % item for item in sorted(outcome.denied.items()))))
-        killed = any(r.signal == "SIGKILL" for r in outcome.rungs)
-        if killed:
-            result["unkillable"] = details
-            finish("%d process(es) survived SIGKILL for %ss (kill_timeout); the host needs attention "
-                   "(processes stuck in the kernel, e.g. in the GPU driver): %s" % (
-                       len(details), params["kill_timeout"],
-                       "; ".join("pid %(pid)s state %(state)s wchan %(wchan)s: %(cmdline)s" % d for d in details)))
-        finish("the ladder ended with %d process(es) still running (%s); add a SIGKILL rung or longer timeouts" % (
-            len(details), ", ".join(str(d["pid"]) for d in details)))
-    holders_after = _gpu_holders(params)
-    if holders_after:
-        result["gpu_holders"] = holders_after
-        finish("the selected processes are gone, but %d process(es) outside the selection still hold GPU devices: "
-               "%s" % (len(holders_after), _holders_text(holders_after)))
-    finish()
+    result = stop_job(module.params, check_mode=module.check_mode, diff=module._diff, started=started)
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

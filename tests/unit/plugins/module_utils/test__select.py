@@ -17,25 +17,27 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     read_stat,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
-    Pane,
     SelectError,
     broad_match_reason,
     closure,
     compile_regex,
     is_interactive_shell,
     job_groups,
-    last_step,
     late_children,
-    parse_panes,
     parse_pid_file,
     program_of,
     read_tpgid,
     select,
     started_after,
-    tmux_capture_argv,
-    tmux_list_panes_argv,
     top_of,
     torchrun_shutdown_timeout,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
+    Pane,
+    last_step,
+    parse_panes,
+    tmux_capture_argv,
+    tmux_list_panes_argv,
 )
 
 PVE_CT200 = "0::/lxc/200/ns/user.slice\n"

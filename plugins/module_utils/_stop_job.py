@@ -1,0 +1,372 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The runner of ``training_stop``: options in, the module's result out.
+
+This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
+time. Standard library only (it runs on targets).
+
+:func:`stop_job` takes the run lock, snapshots the selection (``_select``),
+checks the GPU holders (``_gpu_holders``), climbs the ladder (``_ladder``,
+Ctrl-C through ``_tmux``) and records its outcome (``_runlock``). The module
+only parses options and hands the result to ``exit_json``/``fail_json``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import pwd
+import time
+import typing as t
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import classify_holders, scan_holders
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
+from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
+    LadderError,
+    ProcessSet,
+    Rung,
+    describe_process,
+    fit_to_torchrun,
+    parse_ladder,
+    run_ladder,
+    stat_children,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_environ
+from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
+    RunLock,
+    RunLockError,
+    describe_holder,
+    lock_key,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
+    Member,
+    SelectError,
+    Selection,
+    command_of,
+    compile_regex,
+    late_children,
+    read_tpgid,
+    snapshot,
+    torchrun_shutdown_timeout,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import send_ctrl_c, tmux_panes, tmux_step
+
+SELECTORS = ("pids", "pid_file", "match", "tmux_session", "container")
+# one ladder at a time per container and selection: these options make the lock's key
+LOCK_KEY_OPTIONS = ("pids", "pid_file", "match", "tmux_session", "tmux_socket", "container", "gpu_devices")
+
+
+def new_result() -> dict[str, t.Any]:
+    """Every key the module returns, before anything was looked at."""
+    return dict(changed=False, selected=[], plan=[], rungs=[], stopped_by=None, stopped_by_index=None,
+                survivors=[], unkillable=[], late_children=[], notes=[], left_out=[], gpu_holders=[], previous=None,
+                lock_waited=0.0, pidfd=False, elapsed=0.0)
+
+
+def check_numbers(params: t.Mapping[str, t.Any]) -> str | None:
+    """The message for the first numeric option out of range, None when all are fine."""
+    for option in ("max_grace", "kill_timeout", "progress_stall"):
+        value = params[option]
+        if value is None or not math.isfinite(value) or value < 0:
+            return "%s: must be a finite number of seconds >= 0, got %r" % (option, value)
+    for pid in params["pids"] or []:
+        if pid <= 0:
+            return "pids: %r is not a PID; give positive integers" % pid
+    if params["container"] is not None and params["container"] < 100:
+        return "container: %r is not a Proxmox VMID (100 or more)" % params["container"]
+    if params["tmux_session"] is not None and not params["tmux_session"].strip():
+        return "tmux_session: must be a session name, got an empty string"
+    return None
+
+
+def user_name(uid: int | None) -> str | None:
+    if uid is None:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def member_dict(member: Member) -> dict[str, t.Any]:
+    info = member.info
+    return {
+        "pid": info.pid, "ppid": info.ppid, "pgid": info.pgid, "sid": info.sid, "uid": info.uid,
+        "user": user_name(info.uid), "starttime": info.starttime, "state": info.state, "depth": member.depth,
+        "how": member.how, "cmdline": command_of(info) or "[%s]" % info.comm,
+    }
+
+
+def diff_lines(entries: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    return "".join("%d %s\n" % (e["pid"], e["cmdline"]) for e in entries)
+
+
+def launchers_first(selection: Selection) -> list[Member]:
+    """The snapshot in signal order: roots (depth 0) first, then by depth and PID."""
+    return sorted(selection.members.values(), key=lambda m: (m.depth, m.pid))
+
+
+def root_groups(members: t.Sequence[Member], tpgid: t.Callable[[int], int] = read_tpgid) -> set[int]:
+    """The process groups a Ctrl-C in the launchers' terminal reaches: the roots' own groups, and the terminal's
+    foreground group where it is one of the job's (a shell running the launcher puts it in a group of its own)."""
+    groups = {m.info.pgid for m in members if m.depth == 0}
+    for m in members:
+        if m.depth == 0:
+            foreground = tpgid(m.pid)
+            if foreground > 0 and any(o.info.pgid == foreground for o in members):
+                groups.add(foreground)
+    return groups
+
+
+def gpu_holders(params: t.Mapping[str, t.Any], ignore_pids: t.Collection[int] = ()) -> list[dict[str, t.Any]]:
+    """Processes holding params['gpu_devices'] in scope, one dict per pid (driver tools and ``ignore_pids`` left out)."""
+    if not params["gpu_devices"]:
+        return []
+    found = scan_holders(params["gpu_devices"], exclude_pids={os.getpid()})
+    counted, _ignored = classify_holders(found, None, DEFAULT_IGNORE_PROCESSES, params["container"])
+    by_pid: dict[int, dict[str, t.Any]] = {}
+    for holder in counted:
+        if holder.pid not in ignore_pids:
+            by_pid.setdefault(holder.pid, {"pid": holder.pid, "name": holder.name, "cmdline": holder.cmdline,
+                                           "gpu": holder.gpu, "device": holder.device})
+    return [by_pid[pid] for pid in sorted(by_pid)]
+
+
+def holders_text(holders: t.Sequence[t.Mapping[str, t.Any]]) -> str:
+    return "; ".join("pid %(pid)d %(name)s on %(device)s: %(cmdline)s" % h for h in holders[:20]) + (
+        " ... and %d more" % (len(holders) - 20) if len(holders) > 20 else "")
+
+
+def selection_text(params: t.Mapping[str, t.Any]) -> str:
+    return ", ".join("%s=%s" % (option, params[option]) for option in LOCK_KEY_OPTIONS if params[option])
+
+
+def locked_elsewhere(lock: RunLock) -> bool:
+    """Check mode's peek: is a ladder holding the lock now? (never waits, never takes it for long)"""
+    try:
+        fd = os.open(lock.lock_path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def previous_note(previous: t.Mapping[str, t.Any] | None) -> str | None:
+    """What the last finished ladder for this selection did, when nothing is selected now."""
+    if not previous or previous.get("state") not in ("done", "failed", "interrupted"):
+        return None
+    return "nothing selected now; the last ladder for this selection (pid %s, %s) %s" % (
+        previous.get("pid"),
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(previous.get("finished") or previous.get("started") or 0)),
+        "was interrupted before it finished" if previous["state"] == "interrupted" else
+        "stopped the job with %s" % previous["stopped_by"] if previous.get("stopped_by") else
+        "ended: %s" % (previous.get("msg") or "nothing was left to stop"))
+
+
+class _Finish(Exception):
+    """Ends the run here: ``failed`` is the failure message, None for success."""
+
+    def __init__(self, failed: str | None = None) -> None:
+        super().__init__(failed or "")
+        self.failed = failed
+
+
+class _StopJob:
+    """One run of the module: its options, its lock and the result it fills in."""
+
+    def __init__(self, params: t.Mapping[str, t.Any], check_mode: bool, diff: bool, started: float) -> None:
+        self.params, self.check_mode, self.diff, self.started = params, check_mode, diff, started
+        self.result = new_result()
+        self.lock = RunLock(params["lock_dir"], lock_key({option: params[option] for option in LOCK_KEY_OPTIONS}))
+        self.climbing: dict[str, t.Any] | None = None  # set once this run recorded its ladder as running
+
+    def finish(self, failed: str | None) -> dict[str, t.Any]:
+        result = self.result
+        result["elapsed"] = round(time.monotonic() - self.started, 4)
+        if self.climbing is not None:
+            try:
+                self.lock.record(dict(self.climbing, state="failed" if failed else "done", msg=failed or "",
+                                      finished=time.time(), stopped_by=result["stopped_by"],
+                                      survivors=result["survivors"],
+                                      gpu_holders=[h["pid"] for h in result["gpu_holders"]], elapsed=result["elapsed"]))
+            except OSError as exc:
+                result["notes"].append("could not record this ladder's outcome in %s: %s" % (self.lock.state_path, exc))
+        self.lock.release()
+        if failed:
+            result.update(failed=True, msg=failed)
+        return result
+
+    def prepare(self) -> tuple[list[Rung], t.Pattern[str] | None, list[dict[str, t.Any]], Selection]:
+        """The ladder, the step regex, the GPU holders and the snapshot, with the lock held (not in check mode)."""
+        params, result, lock = self.params, self.result, self.lock
+        rungs = parse_ladder(params["ladder"], tmux=bool(params["tmux_session"]), kill_timeout=params["kill_timeout"])
+        step_regex = (compile_regex("step_regex", params["step_regex"])
+                      if params["tmux_session"] and params["step_regex"] else None)
+        if self.check_mode:
+            holder = lock.holder() if locked_elsewhere(lock) else None
+            if holder is not None:
+                result["notes"].append("a ladder is running now for this selection: %s" % describe_holder(holder, time.time()))
+        else:
+            # before the snapshot: a second run sees the job as the first ladder left it
+            lock.acquire(params["lock_timeout"], {"pid": os.getpid(), "started": time.time(),
+                                                  "selection": selection_text(params)})
+            result["lock_waited"] = round(lock.waited, 3)
+            if lock.waited_for:
+                result["notes"].append("waited %.1fs for %s" % (lock.waited, lock.waited_for))
+        result["previous"] = lock.previous()
+        holders_before = gpu_holders(params)
+        selection = snapshot(
+            pids=params["pids"] or [], pid_file=params["pid_file"], match=params["match"],
+            tmux_session=params["tmux_session"], tmux_socket=params["tmux_socket"], container=params["container"],
+            exclude=params["exclude"], allow_broad_match=params["allow_broad_match"],
+            gpu_holders=[h["pid"] for h in holders_before] if params["gpu_holders"] == "stop" else [],
+        )
+        return rungs, step_regex, holders_before, selection
+
+    def plan(self, rungs: list[Rung], holders_before: list[dict[str, t.Any]], selection: Selection) -> tuple[list[Rung], list[Member]]:
+        """Fill in the selection and the plan; end the run when there is nothing to climb (or check mode)."""
+        params, result = self.params, self.result
+        members = launchers_first(selection)
+        shutdown_timeouts = [value for value in (
+            torchrun_shutdown_timeout(m.info.cmdline, read_environ(m.pid)) for m in members if m.depth == 0) if value is not None]
+        rungs, fit_notes = fit_to_torchrun(rungs, max(shutdown_timeouts) if shutdown_timeouts else None)
+        result["plan"] = [rung.describe() for rung in rungs]
+        result["notes"] = result["notes"] + selection.notes + fit_notes
+        result["left_out"] = [{"pid": pid, "why": why, "cmdline": cmd} for pid, (why, cmd) in sorted(selection.left_out.items())]
+        result["selected"] = [member_dict(m) for m in members]
+        if selection.refused:
+            raise _Finish(selection.refused)
+        unselected = [h for h in holders_before if h["pid"] not in selection.members]
+        if unselected and not members:
+            # never "nothing to do" while something holds the GPUs: with the launcher gone (killed -9, OOM)
+            # these are its orphaned ranks, training on with their tmux pane closed
+            result["gpu_holders"] = unselected
+            raise _Finish(
+                "nothing was selected, but %d process(es) hold GPU devices (%s), likely the orphaned ranks of a "
+                "launcher that is gone: %s. Nothing was signalled. Select them (pids, match), or set gpu_holders: "
+                "stop to stop every GPU holder%s." % (
+                    len(unselected), ", ".join(params["gpu_devices"]), holders_text(unselected),
+                    " in CT %d" % params["container"] if params["container"] else ""))
+        if unselected:
+            result["notes"].append("%d process(es) outside the selection hold GPU devices: %s" % (
+                len(unselected), holders_text(unselected)))
+        if not members:
+            note = previous_note(result["previous"])
+            if note:
+                result["notes"].append(note)
+            raise _Finish()
+        if self.diff:
+            result["diff"] = dict(before=diff_lines(result["selected"]), after="")
+        if self.check_mode:
+            result["changed"] = True
+            raise _Finish()
+        return rungs, members
+
+    def climb(self, rungs: list[Rung], step_regex: t.Pattern[str] | None, selection: Selection,
+              members: list[Member]) -> None:
+        """Climb the ladder and judge its outcome; raises _Finish with the failure, returns on success."""
+        params, result = self.params, self.result
+        self.climbing = {"pid": os.getpid(), "started": time.time(), "selection": selection_text(params),
+                         "selected": [m.pid for m in members]}
+        try:
+            self.lock.record(dict(self.climbing, state="running"))
+        except OSError as exc:
+            result["notes"].append("could not record this ladder in %s: %s" % (self.lock.state_path, exc))
+        session, socket = params["tmux_session"], params["tmux_socket"]
+        excludes = [compile_regex("exclude", pattern) for pattern in params["exclude"]]
+        step_probe = None
+        if step_regex is not None:
+
+            def step_probe() -> int | None:
+                return tmux_step(tmux_panes(session, socket)[0], step_regex, socket)
+
+        procs = ProcessSet()
+        result["pidfd"] = procs.use_pidfd
+        for m in members:
+            procs.add(m.pid, m.info.starttime, m.depth, m.info.pgid)
+        try:
+            outcome = run_ladder(
+                rungs, procs, root_pgids=root_groups(members),
+                # Ctrl-C in a pane reaches only what runs in it: a job found otherwise (orphaned ranks
+                # found as GPU holders, the pane left at its prompt) gets SIGINT to its launchers instead
+                send_keys=(lambda: send_ctrl_c(session, socket)) if any(m.how == "tmux_session" for m in members) else None,
+                progress_paths=params["progress_paths"], progress_stall=params["progress_stall"],
+                max_grace=params["max_grace"], started=self.started, step_probe=step_probe,
+                find_children=lambda parents: late_children(stat_children(parents), selection.seen, excludes),
+            )
+        finally:
+            procs.close()
+        result["changed"] = outcome.signalled
+        result["rungs"] = [r.as_dict() for r in outcome.rungs]
+        result["late_children"] = outcome.late_children
+        if outcome.stopped_by is not None:
+            rung = outcome.rungs[outcome.stopped_by]  # as climbed: a Ctrl-C rung with no pane left sent SIGINT itself
+            result["stopped_by"] = rung.signal + (" via tmux" if rung.via == "tmux" else "")
+            result["stopped_by_index"] = outcome.stopped_by
+        elif not outcome.rungs:
+            result["notes"].append("every selected process exited before the first signal")
+        result["survivors"] = outcome.survivors
+        if self.diff:
+            left = [e for e in result["selected"] if e["pid"] in set(outcome.survivors)]
+            result["diff"] = dict(before=diff_lines(result["selected"]), after=diff_lines(left))
+        if outcome.survivors:
+            raise _Finish(self.survivors_failure(outcome))
+        holders_after = gpu_holders(params)
+        if holders_after:
+            result["gpu_holders"] = holders_after
+            raise _Finish("the selected processes are gone, but %d process(es) outside the selection still hold GPU "
+                          "devices: %s" % (len(holders_after), holders_text(holders_after)))
+
+    def survivors_failure(self, outcome: t.Any) -> str:
+        """The failure message for processes left after the ladder (and RV(unkillable) where that is what they are)."""
+        details = [describe_process(pid) for pid in outcome.survivors]
+        for entry in details:
+            if entry["pid"] in outcome.denied:
+                entry["error"] = outcome.denied[entry["pid"]]
+        if outcome.denied:
+            # not the host's fault: this module lacks the right to signal them
+            self.result["unkillable"] = details
+            return ("%d process(es) could not be signalled (%s); run the module as root (become: true) or as the "
+                    "job's user" % (len(outcome.denied), "; ".join(
+                        "pid %d: %s" % item for item in sorted(outcome.denied.items()))))
+        if any(r.signal == "SIGKILL" for r in outcome.rungs):
+            self.result["unkillable"] = details
+            return ("%d process(es) survived SIGKILL for %ss (kill_timeout); the host needs attention "
+                    "(processes stuck in the kernel, e.g. in the GPU driver): %s" % (
+                        len(details), self.params["kill_timeout"],
+                        "; ".join("pid %(pid)s state %(state)s wchan %(wchan)s: %(cmdline)s" % d for d in details)))
+        return "the ladder ended with %d process(es) still running (%s); add a SIGKILL rung or longer timeouts" % (
+            len(details), ", ".join(str(d["pid"]) for d in details))
+
+
+def stop_job(params: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
+             started: float | None = None) -> dict[str, t.Any]:
+    """Run ``training_stop`` with its (already type-checked) options.
+
+    Returns the module's result; on failure it has ``failed=True`` and ``msg``. ``started`` is when the module
+    started (monotonic clock), so ``elapsed`` and the ladder's bounds count the module's start-up.
+    """
+    started = time.monotonic() if started is None else started
+    bad = check_numbers(params)
+    if bad:
+        return dict(new_result(), failed=True, msg=bad)
+    job = _StopJob(params, check_mode, diff, started)
+    try:
+        rungs, step_regex, holders_before, selection = job.prepare()
+    except (LadderError, SelectError, RunLockError) as exc:
+        job.lock.release()
+        return dict(job.result, failed=True, msg=str(exc))
+    try:
+        rungs, members = job.plan(rungs, holders_before, selection)
+        job.climb(rungs, step_regex, selection, members)
+    except _Finish as end:
+        return job.finish(end.failed)
+    return job.finish(None)
