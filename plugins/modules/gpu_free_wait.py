@@ -269,68 +269,11 @@ history:
   elements: dict
 """
 
-import os  # noqa: E402
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import (  # noqa: E402
-    DEFAULT_DEVICE_PATHS,
-    classify_holders,
-    merge_backend_processes,
-    scan_holders,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import (  # noqa: E402
-    DEFAULT_IGNORE_PROCESSES,
-    counted_mib,
-    discounted_mib,
-    judge,
-    select_gpus,
-    validate_options,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._nvml import open_backend  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_process  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import CheckModeWaiter, Waiter  # noqa: E402
-
-
-def _classified(found, p, sample, selected):
-    """(counted, ignored, foreign) holders: the /proc scan merged with the backend's process list."""
-    if found:
-        sample.ensure_processes()  # MiB per holder, where the backend knows it
-    found, foreign = merge_backend_processes(found, sample, sample.gpus, read_process)
-    counted, ignored = classify_holders(found, selected, p["ignore_processes"], p["container"], read_process)
-    return counted, ignored, foreign
-
-
-def _gpu_report(first, last, selected, discount, max_used_mib):
-    before = {g.index: g for g in first.gpus}
-    out = []
-    for g in last.gpus:
-        if g.index not in {s.index for s in selected}:
-            continue
-        counted = counted_mib(g, discount)
-        out.append({"index": g.index, "uuid": g.uuid, "name": g.name, "bus_id": g.bus_id,
-                    "memory_total_mib": g.total_mib,
-                    "memory_used_mib_before": before[g.index].used_mib if g.index in before else None,
-                    "memory_used_mib_after": g.used_mib, "memory_counted_mib_after": counted,
-                    "free": counted <= max_used_mib})
-    return out
-
-
-def _timeout_msg(p, result, report, counted, foreign):
-    busy = [g for g in report if not g["free"]]
-    msg = "GPU memory not released within %s s (%d samples, max_used_mib %d): %s." % (
-        p["timeout"], result.samples, p["max_used_mib"],
-        ", ".join("GPU %d %d MiB" % (g["index"], g["memory_counted_mib_after"]) for g in busy))
-    if counted:
-        msg += " Holders: " + "; ".join(h.describe() for h in counted) + "."
-    else:
-        msg += (" No process here has a GPU device file open (%s): the memory is held from outside this"
-                " PID namespace (run on the PVE host, optionally with container) or by the driver." % ", ".join(p["device_paths"]))
-    if foreign:
-        msg += " The backend lists PIDs foreign to this namespace: %s." % ", ".join(
-            "%d (%s, %s MiB)" % (f["pid"], f["gpu_uuid"], f["used_mib"]) for f in foreign)
-    return msg + " Nothing was signalled."
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_free import wait_free  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import DEFAULT_DEVICE_PATHS  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES  # noqa: E402
 
 
 def main():
@@ -350,67 +293,10 @@ def main():
         ),
         supports_check_mode=True,
     )
-    p = module.params
-    backend = None
-    try:
-        wanted = validate_options(p["gpus"], p["max_used_mib"], p["stable_for"], p["timeout"], p["interval"],
-                                  p["delay"], p["container"])
-        backend = open_backend(p["backend"], p["nvidia_smi_path"], call_timeout=min(30.0, max(5.0, p["timeout"])))
-        last_discount = {}
-
-        def free_fn(sample):
-            selected = select_gpus(sample.gpus, wanted)
-            discount = {}
-            if not judge(selected, discount, p["max_used_mib"]):
-                # only memory held by ignored or out-of-scope processes can still make it free
-                sample.ensure_processes()
-                discount = discounted_mib(sample, p["ignore_processes"], p["container"], read_process)
-            last_discount.clear()
-            last_discount.update(discount)
-            return judge(selected, discount, p["max_used_mib"]), {g.index: counted_mib(g, discount) for g in selected}
-
-        holders_before = scan_holders(p["device_paths"], exclude_pids={os.getpid()})
-        if module.check_mode:
-            waiter = CheckModeWaiter()
-        else:
-            waiter = Waiter(timeout=p["timeout"], interval=p["interval"], delay=p["delay"], stable_for=p["stable_for"])
-        result = waiter.wait(backend.sample, free_fn)
-        selected = select_gpus(result.last.gpus, wanted)
-        counted, ignored, foreign = _classified(scan_holders(p["device_paths"], exclude_pids={os.getpid()}),
-                                                p, result.last, selected)
-        before = _classified(holders_before, p, result.first, select_gpus(result.first.gpus, wanted))[0]
-        report = _gpu_report(result.first, result.last, selected, last_discount, p["max_used_mib"])
-        notes = list(getattr(backend, "notes", [])) + [n for n in result.last.notes if n]
-    except GpuError as exc:
-        module.fail_json(msg=str(exc), free=False, elapsed=0.0, samples=0, backend_notes=[])
-    finally:
-        if backend is not None:
-            backend.close()
-
-    first_free = result.history[0]["free"] if result.history else result.free
-    out = dict(
-        free=result.free,
-        changed=bool(result.free and not first_free and not module.check_mode),
-        backend=result.last.backend,
-        backend_notes=notes,
-        gpus=report,
-        holders=[h.as_dict() for h in counted],
-        holders_before=[h.as_dict() for h in before],
-        ignored_holders=[h.as_dict() for h in ignored],
-        foreign_processes=foreign,
-        elapsed=round(result.elapsed, 3),
-        samples=result.samples,
-        history=result.history,
-    )
-    if module.check_mode:
-        out["msg"] = "check mode: GPUs %s" % ("free" if result.free else "busy; a real run would wait up to %s s" % p["timeout"])
-        module.exit_json(**out)
-    if not result.free:
-        module.fail_json(msg=_timeout_msg(p, result, report, counted, foreign), **out)
-    if counted:
-        module.warn("GPU memory is released but these processes still have GPU device files open: %s"
-                    % "; ".join(h.describe() for h in counted))
-    module.exit_json(**out)
+    result = wait_free(module.params, check_mode=module.check_mode, warn=module.warn)
+    if result.pop("failed", False):
+        module.fail_json(**result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":
