@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Running ``pct`` on the Proxmox VE host, shared by the proxmox_ct_exec and proxmox_ct_power modules.
+"""Running ``pct`` on the Proxmox VE host, shared by the proxmox_ct_exec and proxmox_ct_power runners
+(``_ct_exec``, ``_ct_power``): the become prefix, the bounded run, the result both return.
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on the PVE host).
@@ -67,6 +68,39 @@ def run(module: t.Any, argv: t.List[str], stdin: t.Optional[bytes], timeout: flo
     )
     hung = rc == 137 and time.monotonic() - started >= limit - 0.5
     return rc, out, err, hung
+
+
+class Captured(t.NamedTuple):
+    """What one bounded command on the host gave: the text it printed, how long it ran, whether it hung."""
+
+    rc: int
+    stdout: str
+    stderr: str
+    elapsed: float
+    hung: bool
+
+    def as_result(self) -> t.Dict[str, t.Any]:
+        """The keys both modules return for the command they ran (it ran, so it counts as a change)."""
+        return dict(changed=True, rc=self.rc, stdout=self.stdout, stderr=self.stderr, stdout_lines=self.stdout.splitlines(),
+                    stderr_lines=self.stderr.splitlines(), elapsed=round(self.elapsed, 3))
+
+
+def run_captured(module: t.Any, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> Captured:
+    """:func:`run`, timed, with its output decoded (undecodable bytes replaced)."""
+    started = time.monotonic()
+    rc, out, err, hung = run(module, argv, stdin, timeout)
+    return Captured(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), time.monotonic() - started, hung)
+
+
+def base_result(**extra: t.Any) -> t.Dict[str, t.Any]:
+    """The result of a pct module before anything ran (the keys it always returns)."""
+    return dict(changed=False, stdout="", stderr="", stdout_lines=[], stderr_lines=[], cmd=[], ct_status="unknown",
+                timed_out=False, elapsed=0.0, **extra)
+
+
+def failed(result: t.Dict[str, t.Any], failure: PctHostFailure) -> t.Dict[str, t.Any]:
+    """RESULT with what FAILURE adds, marked failed with its message."""
+    return dict(result, **failure.result, failed=True, msg=failure.msg)
 
 
 def sudo_refused(stderr: str, pct_path: str, method: str) -> t.Optional[str]:

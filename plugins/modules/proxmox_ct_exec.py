@@ -211,63 +211,10 @@ msg:
   type: str
 """
 
-import os  # noqa: E402
-import time  # noqa: E402
-import typing as t  # noqa: E402
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct, _pct_host  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PctHostFailure as ExecFailure  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline  # noqa: E402
-
-HOST_MARGIN = 30  # the in-container timeout acts first; this only guards against a hung pct/lxc-attach
-run = _pct_host.run
-
-
-class Pct(t.NamedTuple):
-    """How this host runs pct: its path, the become prefix for this user, and the method's name for messages."""
-
-    path: str
-    prefix: t.List[str]
-    method: str
-
-    def argv(self, sub: str, vmid: int, *args: str) -> t.List[str]:
-        return _pct.pct_argv(sub, vmid, *args, pct_path=self.path, prefix=self.prefix)
-
-    def exec_argv(self, vmid: int, argv: t.List[str], keep_env: t.Optional[bool] = None) -> t.List[str]:
-        return _pct.exec_argv(vmid, argv, keep_env=keep_env, pct_path=self.path, prefix=self.prefix)
-
-
-def ct_status(module: AnsibleModule, pct: Pct, vmid: int) -> str:
-    return _pct_host.ct_status(module, vmid, pct.path, pct.prefix, pct.method)
-
-
-def start_and_wait(module: AnsibleModule, pct: Pct, vmid: int, timeout: int) -> None:
-    deadline = Deadline(timeout)
-    rc, out, err, hung = run(module, pct.argv("start", vmid), None, max(1.0, deadline.remaining()))
-    if hung or rc != 0:
-        raise ExecFailure("`pct start %d` failed (rc %s): %s" % (vmid, rc, err.decode("utf-8", "replace").strip()), ct_status="stopped")
-    probe = pct.exec_argv(vmid, ["true"])
-    while True:
-        rc, dummy_out, err, dummy_hung = run(module, probe, None, max(1.0, min(deadline.remaining(), 10)))
-        if rc == 0:
-            return
-        if deadline.expired():
-            raise ExecFailure(
-                "container %d was started but did not accept commands within start_timeout=%ds: %s"
-                % (vmid, timeout, err.decode("utf-8", "replace").strip()),
-                ct_status=ct_status(module, pct, vmid),
-                started=True,
-            )
-        time.sleep(min(0.2, deadline.remaining()))
-
-
-def path_exists(module: AnsibleModule, pct: Pct, vmid: int, path: str, keep_env: t.Optional[bool]) -> bool:
-    rc, dummy_out, err, hung = run(module, pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env), None, 60)
-    if hung or rc not in (0, 1):
-        raise ExecFailure("could not check %s inside container %d (rc %s): %s" % (path, vmid, rc, err.decode("utf-8", "replace").strip()))
-    return rc == 0
+from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_exec import exec_in_container  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_PCT_PATH, DEFAULT_SHELL  # noqa: E402
 
 
 def main() -> None:
@@ -276,7 +223,7 @@ def main() -> None:
             vmid=dict(type="int", required=True),
             argv=dict(type="list", elements="str"),
             command=dict(type="str"),
-            executable=dict(type="str", default=_pct.DEFAULT_SHELL),
+            executable=dict(type="str", default=DEFAULT_SHELL),
             chdir=dict(type="str"),
             env=dict(type="dict", default={}),
             stdin=dict(type="str"),
@@ -288,101 +235,17 @@ def main() -> None:
             ensure_running=dict(type="bool", default=False),
             start_timeout=dict(type="int", default=120),
             keep_env=dict(type="bool"),
-            pct_path=dict(type="path", default=_pct.DEFAULT_PCT_PATH),
+            pct_path=dict(type="path", default=DEFAULT_PCT_PATH),
             pct_become_method=dict(type="str", default="sudo"),
         ),
         mutually_exclusive=[("argv", "command")],
         required_one_of=[("argv", "command")],
         supports_check_mode=True,
     )
-    p = module.params
-    result: t.Dict[str, t.Any] = dict(
-        changed=False, stdout="", stderr="", stdout_lines=[], stderr_lines=[], cmd=[], ct_status="unknown",
-        started=False, timed_out=False, elapsed=0.0,
-    )
-    try:
-        vmid = _pct.validate_vmid(p["vmid"])
-        pct = Pct(p["pct_path"], _pct_host.prefix_for(os.geteuid(), p["pct_become_method"]), p["pct_become_method"])
-        argv = p["argv"] if p["argv"] is not None else [p["executable"], "-c", p["command"]]
-        inner = _pct.wrap_argv(argv, chdir=p["chdir"], env=p["env"], timeout=p["timeout"], kill_after=p["kill_after"])
-        cmd = pct.exec_argv(vmid, inner, keep_env=p["keep_env"])
-        if p["start_timeout"] <= 0:
-            raise _pct.PctError("start_timeout must be a positive number of seconds, got %d" % p["start_timeout"])
-    except _pct.PctError as e:
-        module.fail_json(msg=str(e), **result)
-    result["cmd"] = cmd
-
-    try:
-        _pct_host.check_host(p["pct_path"])
-        result.update(execute(module, pct, vmid, cmd, p))
-    except ExecFailure as e:
-        result.update(e.result)
-        module.fail_json(msg=e.msg, **result)
-    if result.get("failed"):
+    result = exec_in_container(module)
+    if result.pop("failed", False):
         module.fail_json(**result)
     module.exit_json(**result)
-
-
-def execute(module: AnsibleModule, pct: Pct, vmid: int, cmd: t.List[str], p: t.Dict[str, t.Any]) -> t.Dict[str, t.Any]:
-    status = ct_status(module, pct, vmid)
-    out: t.Dict[str, t.Any] = {"ct_status": status}
-    if status != "running":
-        if not p["ensure_running"]:
-            raise ExecFailure(
-                "container %d is %s; nothing was run. Start it, or set ensure_running: true" % (vmid, status), ct_status=status
-            )
-        if module.check_mode:
-            out.update(changed=True, msg="would start container %d and run the command" % vmid)
-            return out
-        start_and_wait(module, pct, vmid, p["start_timeout"])
-        out.update(started=True, changed=True, ct_status=ct_status(module, pct, vmid))
-
-    for path, want, verb in ((p["creates"], False, "exists"), (p["removes"], True, "does not exist")):
-        if path and path_exists(module, pct, vmid, path, p["keep_env"]) != want:
-            out.update(rc=0, msg="skipped, since %s %s" % (path, verb))
-            return out
-
-    if module.check_mode:
-        out.update(changed=True, msg="would run: %s" % _pct.quote(cmd))
-        return out
-
-    stdin = None
-    if p["stdin"] is not None:
-        stdin = (p["stdin"] + ("\n" if p["stdin_add_newline"] else "")).encode("utf-8")
-    started = time.monotonic()
-    rc, stdout, stderr, hung = run(module, cmd, stdin, p["timeout"] + p["kill_after"] + HOST_MARGIN)
-    elapsed = time.monotonic() - started
-    text_out = stdout.decode("utf-8", "replace")
-    text_err = stderr.decode("utf-8", "replace")
-    out.update(
-        changed=True,
-        rc=rc,
-        stdout=text_out,
-        stderr=text_err,
-        stdout_lines=text_out.splitlines(),
-        stderr_lines=text_err.splitlines(),
-        elapsed=round(elapsed, 3),
-    )
-    if hung:
-        limit = p["timeout"] + p["kill_after"] + HOST_MARGIN
-        out.update(failed=True, timed_out=True, msg="pct exec did not return within %ds; killed it (and its process group) on the host" % limit)
-    elif rc in _pct.TIMEOUT_RCS and elapsed >= p["timeout"] - 0.5:
-        out.update(
-            failed=True,
-            timed_out=True,
-            msg="command timed out after %ds inside container %d and was killed with its process group (SIGTERM, then SIGKILL after %ds)"
-            % (p["timeout"], vmid, p["kill_after"]),
-        )
-    elif rc == 127 and "timeout" in text_err and "not found" in text_err:
-        out.update(failed=True, msg="GNU timeout is missing inside container %d: install coreutils there" % vmid)
-    elif rc == _pct.CHDIR_FAILED_RC and "cannot enter directory" in text_err:
-        out.update(failed=True, msg="chdir %s does not exist inside container %d; nothing was run" % (p["chdir"], vmid))
-    elif rc != 0:
-        kind = _pct.classify_failure(text_err)
-        if kind == _pct.FAIL_STOPPED:
-            out["ct_status"] = ct_status(module, pct, vmid)
-        out.update(failed=True, msg="non-zero return code")
-    return out
 
 
 if __name__ == "__main__":

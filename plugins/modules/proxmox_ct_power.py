@@ -150,108 +150,27 @@ msg:
   type: str
 """
 
-import os  # noqa: E402
-import time  # noqa: E402
-import typing as t  # noqa: E402
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct, _pct_host  # noqa: E402
-
-PCT_DEFAULT_TIMEOUT = 60  # lxc-stop's default, which pct uses without --timeout
-# nothing to do when the container is already in the state the operation leads to
-_ALREADY = {"start": "running", "stop": "stopped", "shutdown": "stopped"}
-
-
-def pct_args(operation: str, timeout: t.Optional[int]) -> t.List[str]:
-    """The arguments after ``pct OPERATION VMID``."""
-    if timeout is not None and operation in ("shutdown", "reboot"):
-        return ["--timeout", str(timeout)]
-    return []
-
-
-def host_bound(operation: str, timeout: t.Optional[int], command_timeout: t.Optional[int]) -> int:
-    """Seconds pct may run on the host: longer than pct's own bound for shutdown/reboot, so pct ends first."""
-    if command_timeout is not None:
-        return command_timeout
-    if operation in ("shutdown", "reboot"):
-        return 2 * ((PCT_DEFAULT_TIMEOUT if timeout is None else timeout) + 5) + 30
-    return 300
-
-
-def validate(p: t.Dict[str, t.Any]) -> int:
-    vmid = _pct.validate_vmid(p["vmid"])
-    for name in ("timeout", "command_timeout"):
-        if p[name] is not None and p[name] <= 0:
-            raise _pct.PctError("%s must be a positive number of seconds, got %d" % (name, p[name]))
-    if p["timeout"] is not None and p["operation"] not in ("shutdown", "reboot"):
-        raise _pct.PctError("timeout applies to operation shutdown or reboot only, not %s" % p["operation"])
-    return vmid
+from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_power import OPERATIONS, power  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_PCT_PATH  # noqa: E402
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
             vmid=dict(type="int", required=True),
-            operation=dict(type="str", default="status", choices=["status", "start", "stop", "shutdown", "reboot"]),
+            operation=dict(type="str", default="status", choices=list(OPERATIONS)),
             timeout=dict(type="int"),
             command_timeout=dict(type="int"),
-            pct_path=dict(type="path", default=_pct.DEFAULT_PCT_PATH),
+            pct_path=dict(type="path", default=DEFAULT_PCT_PATH),
             pct_become_method=dict(type="str", default="sudo"),
         ),
         supports_check_mode=True,
     )
-    p = module.params
-    op = p["operation"]
-    result: t.Dict[str, t.Any] = dict(
-        changed=False, rc=0, stdout="", stderr="", stdout_lines=[], stderr_lines=[], cmd=[], ct_status="unknown", timed_out=False, elapsed=0.0
-    )
-    try:
-        vmid = validate(p)
-        prefix = _pct_host.prefix_for(os.geteuid(), p["pct_become_method"])
-        cmd = _pct.pct_argv(op, vmid, *pct_args(op, p["timeout"]), pct_path=p["pct_path"], prefix=prefix)
-    except _pct.PctError as e:
-        module.fail_json(msg=str(e), **result)
-    result["cmd"] = cmd
-    try:
-        _pct_host.check_host(p["pct_path"])
-        status = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
-        result["ct_status"] = status
-        if op == "status":
-            result.update(stdout="status: %s\n" % status, stdout_lines=["status: %s" % status])
-            module.exit_json(**result)
-        if _ALREADY.get(op) == status:
-            module.exit_json(msg="container %d is already %s" % (vmid, status), **result)
-        if module.check_mode:
-            result.update(changed=True, msg="would run: %s" % _pct.quote(cmd))
-            module.exit_json(**result)
-        bound = host_bound(op, p["timeout"], p["command_timeout"])
-        started = time.monotonic()
-        rc, out, err, hung = _pct_host.run(module, cmd, None, bound)
-        text_out, text_err = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
-        result.update(
-            changed=True, rc=rc, stdout=text_out, stderr=text_err, stdout_lines=text_out.splitlines(), stderr_lines=text_err.splitlines(),
-            elapsed=round(time.monotonic() - started, 3),
-        )
-        refused = _pct_host.sudo_refused(text_err, p["pct_path"], p["pct_become_method"])
-        if refused:
-            raise _pct_host.PctHostFailure(refused, changed=False)
-        result["ct_status"] = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
-        if hung:
-            raise _pct_host.PctHostFailure(
-                "`pct %s %d` did not return within command_timeout=%ds; killed it (and its process group) on the host" % (op, vmid, bound),
-                timed_out=True,
-            )
-        if rc != 0:
-            if _ALREADY.get(op) == result["ct_status"] and _pct.classify_failure(text_err) == _pct.FAIL_STOPPED:
-                # stopped meanwhile (by a reboot that failed while starting, for example): the goal holds
-                result.update(changed=False, msg="container %d is already %s" % (vmid, result["ct_status"]))
-                module.exit_json(**result)
-            last = [line for line in text_err.splitlines() if line.strip()]
-            raise _pct_host.PctHostFailure("`pct %s %d` failed (rc %d): %s" % (op, vmid, rc, last[-1] if last else "no message"))
-    except _pct_host.PctHostFailure as e:
-        result.update(e.result)
-        module.fail_json(msg=e.msg, **result)
+    result = power(module)
+    if result.pop("failed", False):
+        module.fail_json(**result)
     module.exit_json(**result)
 
 

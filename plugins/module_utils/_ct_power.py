@@ -1,0 +1,98 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The runner of ``proxmox_ct_power``: ``pct status|start|stop|shutdown|reboot``, idempotent and bounded.
+
+This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
+time. Standard library only (it runs on the PVE host). :func:`power` takes the
+AnsibleModule (its params, check mode and ``run_command``) and returns the
+module's result; the command lines come from ``_pct``, the host side from
+``_pct_host``.
+"""
+
+from __future__ import annotations
+
+import os
+import typing as t
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct, _pct_host
+
+OPERATIONS = ("status", "start", "stop", "shutdown", "reboot")
+PCT_DEFAULT_TIMEOUT = 60  # lxc-stop's default, which pct uses without --timeout
+# nothing to do when the container is already in the state the operation leads to
+_ALREADY = {"start": "running", "stop": "stopped", "shutdown": "stopped"}
+
+
+def pct_args(operation: str, timeout: t.Optional[int]) -> t.List[str]:
+    """The arguments after ``pct OPERATION VMID``."""
+    if timeout is not None and operation in ("shutdown", "reboot"):
+        return ["--timeout", str(timeout)]
+    return []
+
+
+def host_bound(operation: str, timeout: t.Optional[int], command_timeout: t.Optional[int]) -> int:
+    """Seconds pct may run on the host: longer than pct's own bound for shutdown/reboot, so pct ends first."""
+    if command_timeout is not None:
+        return command_timeout
+    if operation in ("shutdown", "reboot"):
+        return 2 * ((PCT_DEFAULT_TIMEOUT if timeout is None else timeout) + 5) + 30
+    return 300
+
+
+def validate(p: t.Mapping[str, t.Any]) -> int:
+    vmid = _pct.validate_vmid(p["vmid"])
+    for name in ("timeout", "command_timeout"):
+        if p[name] is not None and p[name] <= 0:
+            raise _pct.PctError("%s must be a positive number of seconds, got %d" % (name, p[name]))
+    if p["timeout"] is not None and p["operation"] not in ("shutdown", "reboot"):
+        raise _pct.PctError("timeout applies to operation shutdown or reboot only, not %s" % p["operation"])
+    return vmid
+
+
+def power(module: t.Any) -> t.Dict[str, t.Any]:
+    """Run ``proxmox_ct_power``: returns the module's result, with ``failed=True`` and ``msg`` on failure."""
+    p = module.params
+    op = p["operation"]
+    result = _pct_host.base_result(rc=0)
+    try:
+        vmid = validate(p)
+        prefix = _pct_host.prefix_for(os.geteuid(), p["pct_become_method"])
+        cmd = _pct.pct_argv(op, vmid, *pct_args(op, p["timeout"]), pct_path=p["pct_path"], prefix=prefix)
+    except _pct.PctError as e:
+        return dict(result, failed=True, msg=str(e))
+    result["cmd"] = cmd
+    try:
+        _pct_host.check_host(p["pct_path"])
+        status = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
+        result["ct_status"] = status
+        if op == "status":
+            result.update(stdout="status: %s\n" % status, stdout_lines=["status: %s" % status])
+            return result
+        if _ALREADY.get(op) == status:
+            return dict(result, msg="container %d is already %s" % (vmid, status))
+        if module.check_mode:
+            result.update(changed=True, msg="would run: %s" % _pct.quote(cmd))
+            return result
+        bound = host_bound(op, p["timeout"], p["command_timeout"])
+        ran = _pct_host.run_captured(module, cmd, None, bound)
+        result.update(ran.as_result())
+        refused = _pct_host.sudo_refused(ran.stderr, p["pct_path"], p["pct_become_method"])
+        if refused:
+            raise _pct_host.PctHostFailure(refused, changed=False)
+        result["ct_status"] = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
+        if ran.hung:
+            raise _pct_host.PctHostFailure(
+                "`pct %s %d` did not return within command_timeout=%ds; killed it (and its process group) on the host" % (op, vmid, bound),
+                timed_out=True,
+            )
+        if ran.rc != 0:
+            if _ALREADY.get(op) == result["ct_status"] and _pct.classify_failure(ran.stderr) == _pct.FAIL_STOPPED:
+                # stopped meanwhile (by a reboot that failed while starting, for example): the goal holds
+                result.update(changed=False, msg="container %d is already %s" % (vmid, result["ct_status"]))
+                return result
+            last = [line for line in ran.stderr.splitlines() if line.strip()]
+            raise _pct_host.PctHostFailure("`pct %s %d` failed (rc %d): %s" % (op, vmid, ran.rc, last[-1] if last else "no message"))
+    except _pct_host.PctHostFailure as e:
+        return _pct_host.failed(result, e)
+    return result
