@@ -95,24 +95,23 @@ options:
     type: list
     elements: str
     default: ["/dev/nvidia*"]
+extends_documentation_fragment:
+  - gpuops.repurpose.attributes
+  - gpuops.repurpose.attributes.PLATFORM
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Samples once and reports whether the GPUs are free; never waits and never fails because they are busy.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: full
     details: It only reads; once the GPUs are free a second run reports V(changed=false).
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 notes:
-  - Run it inside the container (through M(gpuops.repurpose.pct_ssh)) or on the PVE host. Inside the container the
+  - Run it inside the container (through P(gpuops.repurpose.pct_ssh#connection)) or on the PVE host. Inside the container the
     scan sees only the container's processes; memory held from elsewhere still counts, and the failure says so.
   - Reading other users' C(/proc/PID/fd) needs root; as another user holders may be missing from the report
     (never from the memory judgement).

@@ -101,21 +101,20 @@ options:
       - The same values as the P(gpuops.repurpose.pct_ssh#connection) connection's C(proxmox_become_method).
     type: str
     default: sudo
+extends_documentation_fragment:
+  - gpuops.repurpose.attributes
+  - gpuops.repurpose.attributes.PLATFORM
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports the C(pct) command it would run; O(creates)/O(removes) are still checked (read-only).
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
     details: The Proxmox VE host (needs C(pct); root, or a user with the sudo rule for C(pct) alone).
   idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: partial
     details: Only with O(creates) or O(removes); otherwise the command runs every time, like M(ansible.builtin.command).
 notes:

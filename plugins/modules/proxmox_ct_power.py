@@ -54,21 +54,20 @@ options:
         runs C(pct) directly; any other value is used as a literal command prefix. Ignored when running as root.
     type: str
     default: sudo
+extends_documentation_fragment:
+  - gpuops.repurpose.attributes
+  - gpuops.repurpose.attributes.PLATFORM
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Queries the status (read-only) and reports the C(pct) command it would run.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
     details: The Proxmox VE host (needs C(pct); root, or a user with the sudo rule for C(pct) alone).
   idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: partial
     details: V(status), V(start), V(stop) and V(shutdown) are; V(reboot) reboots every time.
 notes:

@@ -16,36 +16,35 @@ description:
   - Before the first signal it snapshots the whole process tree of the selected roots (PID plus start
     time), including workers in other sessions and process groups, and holds every process by a pidfd,
     so a reused PID can never be signalled.
-  - The default ladder is Ctrl-C through tmux (with I(tmux_session)) or SIGINT to the launcher, 45 s;
-    then SIGTERM to every process of the snapshot, 30 s; then SIGKILL, I(kill_timeout). SIGCONT to every
+  - The default ladder is Ctrl-C through tmux (with O(tmux_session)) or SIGINT to the launcher, 45 s;
+    then SIGTERM to every process of the snapshot, 30 s; then SIGKILL, O(kill_timeout). SIGCONT to every
     process of the snapshot follows every catchable signal, so a stopped process can act on it (and on the
     SIGTERM its launcher forwards).
-  - While files under I(progress_paths) keep changing (a checkpoint being written), a rung keeps waiting
-    past its timeout, up to I(max_grace).
+  - While files under O(progress_paths) keep changing (a checkpoint being written), a rung keeps waiting
+    past its timeout, up to O(max_grace).
   - Never signals PID 1, a container's init, this module's own process or its ancestors, kernel threads,
-    or anything matching I(exclude). A I(match) that hits several unrelated jobs is refused unless
-    I(allow_broad_match=true).
-  - Every wait is bounded. Processes that survive SIGKILL for I(kill_timeout) are reported as
+    or anything matching O(exclude). A O(match) that hits several unrelated jobs is refused unless
+    O(allow_broad_match=true).
+  - Every wait is bounded. Processes that survive SIGKILL for O(kill_timeout) are reported as
     RV(unkillable) with state and wchan, and the module fails (the host needs attention).
-  - Runs inside the container (for example through M(gpuops.repurpose.pct_ssh)) or on the Proxmox VE
-    host scoped with I(container). Needs only the Python standard library on the target.
+  - Runs inside the container (for example through P(gpuops.repurpose.pct_ssh#connection)) or on the Proxmox VE
+    host scoped with O(container). Needs only the Python standard library on the target.
 author:
   - gpuops.repurpose contributors (!UNKNOWN)
+extends_documentation_fragment:
+  - gpuops.repurpose.attributes
+  - gpuops.repurpose.attributes.PLATFORM
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Reports the selection and the plan (RV(plan)); sends nothing.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: Shows the selected running processes before, and those left after.
   idempotent:
-    description: When run twice in a row outside check mode, with the same arguments, the second invocation indicates no change.
     support: full
     details: Once the job is gone nothing is selected and the module reports no change.
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
     details: Linux only (reads C(/proc)). pidfds need Linux 5.3 and Python 3.9; elsewhere it falls back to 20 ms polling.
@@ -69,12 +68,12 @@ options:
         spaces). The topmost hits become the roots.
       - A hit that is a terminal multiplexer (a tmux server, which keeps the command line of the
         C(tmux new-session ... "torchrun ...") that started it, or a tmux/screen client), an interactive shell
-        (a terminal's prompt), or an ancestor of a tmux pane's process is never selected through I(match); it is
+        (a terminal's prompt), or an ancestor of a tmux pane's process is never selected through O(match); it is
         listed in RV(left_out) with the reason. Anchor the regex to the program run (for example
         V(^(\\S*/\)?torchrun\\s)) rather than searching anywhere in a command line.
       - If the hits form several unrelated process trees (different programs, users or parents; for
         example V(python) on a host running networkd-dispatcher, or an editor with the training script
-        open) the module fails listing them, unless I(allow_broad_match=true). Several trees of the same
+        open) the module fails listing them, unless O(allow_broad_match=true). Several trees of the same
         program, user and parent count as one job (the reparented workers of a dead launcher).
     type: str
   tmux_session:
@@ -84,8 +83,8 @@ options:
         running and what runs in it is the job (the shell ignores SIGINT and SIGTERM, and killing it would close
         the pane and its scrollback).
       - A missing session or tmux server selects nothing (not an error).
-      - Enables the rung with C(via=tmux), which sends Ctrl-C to each pane.
-      - Cannot be combined with I(container), because the container's tmux server is not reachable from the host.
+      - Enables the rung with O(ladder[].via=tmux), which sends Ctrl-C to each pane.
+      - Cannot be combined with O(container), because the container's tmux server is not reachable from the host.
     type: str
   tmux_socket:
     description:
@@ -97,7 +96,7 @@ options:
       - VMID of a Proxmox VE / LXC container. When the module runs on the host, only processes whose cgroup
         belongs to this container are considered, for every selector.
       - Alone it selects everything in the container but its init, which the broad-match rule refuses unless
-        I(allow_broad_match=true).
+        O(allow_broad_match=true).
     type: int
   exclude:
     description:
@@ -107,7 +106,7 @@ options:
     default: []
   allow_broad_match:
     description:
-      - Stop everything I(match) hits even when the hits are several unrelated jobs.
+      - Stop everything O(match) hits even when the hits are several unrelated jobs.
     type: bool
     default: false
   ladder:
@@ -116,7 +115,7 @@ options:
         exiting.
       - A SIGKILL rung waits at most O(kill_timeout).
       - "Default: C([{signal: SIGINT, timeout: 45, via: tmux}, {signal: SIGTERM, timeout: 30}, {signal: SIGKILL, timeout: 10}])
-        (without C(via) when O(tmux_session) is unset; the SIGKILL rung waits O(kill_timeout))."
+        (without O(ladder[].via) when O(tmux_session) is unset; the SIGKILL rung waits O(kill_timeout))."
       - At most one SIGINT rung (Ctrl-C); a torchrun agent restarts its shutdown on a second signal and exits at
         once on a third, orphaning its ranks.
       - When a selected root is a torchrun agent (C(torchrun), C(python -m torch.distributed.run)), a SIGINT rung
@@ -154,12 +153,12 @@ options:
   gpu_devices:
     description:
       - Shell-style patterns of GPU device files (for example V(/dev/nvidia*)). Processes holding one of them open
-        (a C(fuser)-like scan of C(/proc), scoped to I(container) when set; C(nvidia-smi), C(nvidia-persistenced)
+        (a C(fuser)-like scan of C(/proc), scoped to O(container) when set; C(nvidia-smi), C(nvidia-persistenced)
         and other driver tools do not count) are what keeps the GPUs busy.
-      - With I(gpu_holders=stop) they join the selection as roots (C(how=gpu_holder)), with everything that
+      - With O(gpu_holders=stop) they join the selection as roots (C(how=gpu_holder)), with everything that
         belongs to them; this finds the ranks of a job whose launcher is gone (killed with C(-9), OOM), which keep
         training with their tmux pane closed and match no launcher regex.
-      - Whatever I(gpu_holders) says, the module fails naming them when nothing was selected but processes hold
+      - Whatever O(gpu_holders) says, the module fails naming them when nothing was selected but processes hold
         a GPU device (before any signal), or when any holder remains after the ladder; it never reports success,
         or "nothing to do", while the GPUs are held.
       - Empty list (the default) to not look.
@@ -168,7 +167,7 @@ options:
     default: []
   gpu_holders:
     description:
-      - What to do with processes holding I(gpu_devices) that no other selector selected. V(fail) never signals
+      - What to do with processes holding O(gpu_devices) that no other selector selected. V(fail) never signals
         them, the module fails naming them (before any signal when nothing else was selected, else after the
         ladder). V(stop) selects them.
     type: str
@@ -178,29 +177,29 @@ options:
     description:
       - Files or directories (searched recursively, following symlinks, up to 10000 entries, newest first), typically
         the checkpoint directory, where a save started after a signal shows.
-      - A rung other than SIGKILL waits past its timeout (up to I(max_grace) after it started) only for a save that
+      - A rung other than SIGKILL waits past its timeout (up to O(max_grace) after it started) only for a save that
         started after its signal, that is a selected process writing a file under them that it opened after the
         signal, with the file modified after the signal. Once such a save was seen, the rung keeps waiting while
-        entries there appear, are renamed, or change size or modification time within I(progress_stall) seconds,
+        entries there appear, are renamed, or change size or modification time within O(progress_stall) seconds,
         or while a selected process still holds a file it opened after the signal (a save that pauses between
-        writes for longer than I(progress_stall)).
+        writes for longer than O(progress_stall)).
       - Files that merely keep changing (a job ignoring the signal writing its log through a file it already held
-        open) never extend a rung, and no rung is extended while the job is still training (see I(step_regex)).
+        open) never extend a rung, and no rung is extended while the job is still training (see O(step_regex)).
     type: list
     elements: path
     default: []
   step_regex:
     description:
-      - With I(tmux_session), a Python regular expression finding the job's step lines in the panes (its first group,
+      - With O(tmux_session), a Python regular expression finding the job's step lines in the panes (its first group,
         else the first number in the hit, is the step). A job whose step counter advances more than one step past
         the one shown at a rung's signal is still training, not shutting down, so that rung gets no grace from
-        I(progress_paths) (the periodic checkpoints of a job that ignores the signal are not a shutdown save).
+        O(progress_paths) (the periodic checkpoints of a job that ignores the signal are not a shutdown save).
       - Empty string to not read steps.
     type: str
     default: '\bstep\s+(\d+)'
   progress_stall:
     description:
-      - Seconds without any change under I(progress_paths) (and no file there held open for writing by the job)
+      - Seconds without any change under O(progress_paths) (and no file there held open for writing by the job)
         after which the job counts as no longer progressing.
     type: float
     default: 10
@@ -212,12 +211,12 @@ options:
   lock_dir:
     description:
       - Directory of the run lock and of the last ladder's record (created when missing). One ladder at a time per
-        container and selection (I(pids), I(pid_file), I(match), I(tmux_session), I(tmux_socket), I(container),
-        I(gpu_devices)), so the module holds a C(flock) on C(<lock_dir>/training_stop-<key>.lock) from before its
+        container and selection (O(pids), O(pid_file), O(match), O(tmux_session), O(tmux_socket), O(container),
+        O(gpu_devices)), so the module holds a C(flock) on C(<lock_dir>/training_stop-<key>.lock) from before its
         snapshot to its end (the kernel drops it when the module dies, however it dies), and writes the ladder's
         record (running, then its outcome) to C(<key>.json) next to it.
-      - A run that finds the lock held waits for it, up to I(lock_timeout), then reports the ladder it waited for
-        in RV(previous); past I(lock_timeout) it fails naming that run (its PID, when it started, its selection)
+      - A run that finds the lock held waits for it, up to O(lock_timeout), then reports the ladder it waited for
+        in RV(previous); past O(lock_timeout) it fails naming that run (its PID, when it started, its selection)
         and signals nothing. Check mode never waits; it notes a ladder running now.
     type: path
     default: /run/gpuops-repurpose
@@ -289,8 +288,8 @@ selected:
   contains:
     how:
       description: >-
-        Why it was selected: C(pids), C(pid_file), C(match), C(tmux_session), C(container), C(gpu_holder) for roots and hits;
-        C(child), C(group), C(session) for members reached from them.
+        Why it was selected: V(pids), V(pid_file), V(match), V(tmux_session), V(container), V(gpu_holder) for roots and hits;
+        V(child), V(group), V(session) for members reached from them.
       type: str
       returned: always
 plan:
@@ -303,7 +302,7 @@ rungs:
   description: One entry per rung climbed, with the signal, targets (PIDs, or tmux pane ids), when it was sent and
     when its wait ended (seconds since the module started), how long it waited, how much of that came from progress
     (C(extended_by)), which PIDs exited, which had already gone, how many were left (C(remaining)), and whether the
-    wait was extended because the job held a file under I(progress_paths) open for writing (C(held_open)).
+    wait was extended because the job held a file under O(progress_paths) open for writing (C(held_open)).
   returned: always
   type: list
   elements: dict
@@ -327,7 +326,7 @@ survivors:
   type: list
   elements: int
 unkillable:
-  description: Processes that survived SIGKILL for I(kill_timeout), with state, wchan and command line.
+  description: Processes that survived SIGKILL for O(kill_timeout), with state, wchan and command line.
   returned: always
   type: list
   elements: dict
@@ -338,14 +337,14 @@ late_children:
   type: list
   elements: int
 gpu_holders:
-  description: Processes holding I(gpu_devices) that were not selected (before the ladder), or that still hold
+  description: Processes holding O(gpu_devices) that were not selected (before the ladder), or that still hold
     them after it; empty on success.
   returned: always
   type: list
   elements: dict
   sample: [{pid: 5120, name: python3, cmdline: "python3 -u train.py", gpu: 0, device: /dev/nvidia0}]
 left_out:
-  description: Processes I(match) hit but that are never selected through it, with the reason (a tmux server,
+  description: Processes O(match) hit but that are never selected through it, with the reason (a tmux server,
     a tmux/screen client, an interactive shell, an ancestor of a tmux pane's process).
   returned: always
   type: list
