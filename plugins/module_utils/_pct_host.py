@@ -66,7 +66,9 @@ def run(module: t.Any, argv: t.List[str], stdin: t.Optional[bytes], timeout: flo
         encoding=None,
         expand_user_and_vars=False,
     )
-    hung = rc == 137 and time.monotonic() - started >= limit - 0.5
+    # GNU timeout sends the signal to its whole process group, itself included: SIGKILL ends it too, so
+    # run_command sees -9 (a shell would show 128+9)
+    hung = rc in (-9, 137) and time.monotonic() - started >= limit - 0.5
     return rc, out, err, hung
 
 
