@@ -1,0 +1,140 @@
+"""Adaptive concurrency: how many requests to keep in flight, from what the SGLang workers report (private).
+
+A worker runs at most its ``--max-running-requests`` at once and queues the rest
+(sglang/srt/managers/scheduler.py); how many that is depends on the model, the GPU
+and the KV cache, so no fixed number fits every deployment. A queued request is
+the worker's own signal that it is full: while every queue is empty there is room
+for more, while the queues hold more than a few requests the client is only adding
+latency (and requests to lose when a worker dies). The controller keeps the
+workers' queues near a small target:
+
+- queues far above the target (flooded): take the excess back at once;
+- queues below half the target while the limit is what holds the client back:
+  grow, doubling while every queue is empty (the room is unknown), else by the
+  missing queue;
+- otherwise hold. Always within ``minimum..maximum`` per worker.
+
+The readings are SGLang's Prometheus gauges ``sglang:num_running_reqs`` and
+``sglang:num_queue_reqs`` (sglang/srt/observability/metrics_collector.py,
+``SchedulerMetricsCollector``), from a worker's ``/metrics`` (SGLang serves it
+with ``--enable-metrics``) or, behind sglang-router, from the router's
+``/engine_metrics``, which fetches every worker's ``/metrics`` and labels each
+sample with ``worker_addr`` (sglang-router 0.3.2 also renames ``sglang:`` to
+``sglang_`` there). The router's ``/get_loads`` is no use: it asks the workers
+for ``/get_load``, which sglang 0.5.23 no longer serves (every load reads -1).
+
+Everything here is pure: the engine (``gen.client``) does the I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+# the two gauges, under SGLang's names and under the router's rewrite of them
+_RUNNING = ("sglang:num_running_reqs", "sglang_num_running_reqs")
+_QUEUED = ("sglang:num_queue_reqs", "sglang_num_queue_reqs")
+# labels that split one worker's count into parts to add up (priority scheduling), not into workers
+_PART_LABELS = frozenset({"priority"})
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    """One worker's scheduler (one data-parallel rank): requests in its batch and in its waiting queue."""
+
+    running: int
+    queued: int
+
+
+@dataclass(frozen=True)
+class LimitPolicy:
+    """The controller's settings, per worker."""
+
+    queue_target: int = 8  # requests waiting per worker: enough to refill a batch at once, no more
+    minimum: int = 8
+    maximum: int = 1024
+    growth: float = 2.0  # factor while every queue is empty
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(f"need 1 <= minimum <= maximum, got {self.minimum}..{self.maximum}")
+        if self.queue_target < 1 or self.growth <= 1.0:
+            raise ValueError("queue_target must be >= 1 and growth > 1")
+
+
+def parse_loads(text: str) -> List[WorkerLoad]:
+    """Every worker's load in a Prometheus text page (a worker's ``/metrics`` or the router's ``/engine_metrics``).
+
+    One entry per distinct label set of the running gauge, ``priority`` aside (its series add up), sorted by
+    those labels; a worker that reports running but no queue counts an empty queue. Unreadable lines are
+    skipped: an empty list means the page says nothing about load.
+    """
+    running: Dict[Tuple[Tuple[str, str], ...], float] = {}
+    queued: Dict[Tuple[Tuple[str, str], ...], float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        m = _SAMPLE.match(line.strip())
+        if m is None:
+            continue
+        name, labels, value = m.groups()
+        target = running if name in _RUNNING else queued if name in _QUEUED else None
+        if target is None:
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if number != number or number < 0:  # NaN, or nonsense
+            continue
+        key = tuple(sorted((k, v) for k, v in _LABEL.findall(labels or "") if k not in _PART_LABELS))
+        target[key] = target.get(key, 0.0) + number
+    return [WorkerLoad(int(running[k]), int(queued.get(k, 0.0))) for k in sorted(running)]
+
+
+def bounds(workers: int, policy: LimitPolicy) -> Tuple[int, int]:
+    """(lowest, highest) limit for ``workers`` workers (at least one)."""
+    n = max(1, workers)
+    return n * policy.minimum, n * policy.maximum
+
+
+def initial_limit(workers: int, start: int, policy: LimitPolicy) -> int:
+    """The limit before the first reading: ``start`` per worker, within the bounds."""
+    lo, hi = bounds(workers, policy)
+    return max(lo, min(hi, max(1, workers) * start))
+
+
+def next_limit(limit: int, in_flight: int, loads: Sequence[WorkerLoad], policy: LimitPolicy) -> int:
+    """The next in-flight limit for one server (a worker, or a router and every worker behind it).
+
+    ``limit``: the current limit; ``in_flight``: the client's requests to that server now; ``loads``: what its
+    workers report now. No reading (an empty ``loads``) keeps the limit as it is.
+    """
+    if not loads:
+        return limit
+    n = len(loads)
+    lo, hi = bounds(n, policy)
+    queued = sum(w.queued for w in loads)
+    target = n * policy.queue_target
+    if queued > 2 * target:
+        # flooded: what waits beyond the target is the client's excess, whatever the limit says now
+        new = min(limit, in_flight) - (queued - target)
+    elif 2 * queued < target:
+        if in_flight + target < limit:
+            new = limit  # the limit is not what holds the load back (the end of the input, rows in backoff)
+        elif queued == 0:
+            new = max(limit + target, int(limit * policy.growth))  # every queue empty: the room is unknown
+        else:
+            new = limit + (target - queued)
+    else:
+        new = limit
+    return max(lo, min(hi, new))
+
+
+def describe(loads: Sequence[WorkerLoad]) -> Mapping[str, int]:
+    """Totals for the progress file: workers, running, queued."""
+    return {"workers": len(loads), "running": sum(w.running for w in loads), "queued": sum(w.queued for w in loads)}
