@@ -8,10 +8,11 @@ for more, while the queues hold more than a few requests the client is only addi
 latency (and requests to lose when a worker dies). The controller keeps the
 workers' queues near a small target:
 
-- queues far above the target (flooded): take the excess back at once;
-- queues below half the target while the limit is what holds the client back:
+- every queue far above the target (flooded): take the excess back at once;
+- a queue below half the target while the limit is what holds the client back:
   grow, doubling while every queue is empty (the room is unknown), else by the
-  missing queue;
+  missing queue (the shortest queue decides: behind a router one worker may keep
+  a long queue for cache affinity while another has room);
 - otherwise hold. Always within ``minimum..maximum`` per worker.
 
 The readings are SGLang's Prometheus gauges ``sglang:num_running_reqs`` and
@@ -118,18 +119,21 @@ def next_limit(limit: int, in_flight: int, loads: Sequence[WorkerLoad], policy: 
         return limit
     n = len(loads)
     lo, hi = bounds(n, policy)
-    queued = sum(w.queued for w in loads)
-    target = n * policy.queue_target
-    if queued > 2 * target:
-        # flooded: what waits beyond the target is the client's excess, whatever the limit says now
-        new = min(limit, in_flight) - (queued - target)
-    elif 2 * queued < target:
-        if in_flight + target < limit:
+    target = policy.queue_target
+    # the shortest queue decides: a router may keep one worker's queue long for cache affinity (sglang-router's
+    # cache_aware policy balances only past its imbalance threshold) while another worker has room
+    shortest = min(w.queued for w in loads)
+    if shortest > 2 * target:
+        # flooded, every worker: the excess over the target goes, counted from what is in flight now (tasks
+        # above a lowered limit are still finishing their rows: the limit itself may be lower already)
+        new = min(limit, in_flight - n * (shortest - target))
+    elif 2 * shortest < target:
+        if in_flight + n * target < limit:
             new = limit  # the limit is not what holds the load back (the end of the input, rows in backoff)
-        elif queued == 0:
-            new = max(limit + target, int(limit * policy.growth))  # every queue empty: the room is unknown
+        elif all(w.queued == 0 for w in loads):
+            new = max(limit + n * target, int(limit * policy.growth))  # every queue empty: the room is unknown
         else:
-            new = limit + (target - queued)
+            new = limit + n * (target - shortest)
     else:
         new = limit
     return max(lo, min(hi, new))
