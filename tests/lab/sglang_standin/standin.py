@@ -207,6 +207,9 @@ def fake_ids(text: str, n: int) -> List[int]:
 # running / step time, therefore grows with the batch and is highest at --max-running-requests.
 
 
+DEFAULT_TOKEN_POOL = 1 << 20  # --max-total-tokens unset: a pool that no test fills
+
+
 class QueueFull(Exception):
     """The waiting queue holds --max-queued-requests already."""
 
@@ -314,10 +317,10 @@ class StandIn:
         }
         self.active = 0  # requests in the model without a capacity model
         a = args
-        capacity = a.max_running_requests is not None or a.max_queued_requests is not None or a.batch_token_latency > 0
+        capacity = (a.max_running_requests, a.max_queued_requests, a.max_total_tokens) != (None, None, None)
         self.scheduler: Optional[BatchScheduler] = BatchScheduler(
-            a.max_running_requests, a.max_queued_requests, a.max_total_tokens, a.token_latency,
-            a.batch_token_latency) if capacity else None
+            a.max_running_requests, a.max_queued_requests, a.max_total_tokens or DEFAULT_TOKEN_POOL, a.token_latency,
+            a.batch_token_latency) if capacity or a.batch_token_latency > 0 else None
         self.seen_ids: Dict[str, int] = {}
         self.hold_file = ""  # set once the port is known ({port} in --not-ready-while)
         self.tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
@@ -611,9 +614,9 @@ class StandIn:
         sch = self.scheduler
         if sch is None:
             return {"num_running_reqs": self.active, "num_queue_reqs": 0, "token_usage": 0.0,
-                    "num_used_tokens": 0, "max_total_num_tokens": self.a.max_total_tokens}
+                    "num_used_tokens": 0, "max_total_num_tokens": self.a.max_total_tokens or DEFAULT_TOKEN_POOL}
         return {"num_running_reqs": len(sch.running), "num_queue_reqs": len(sch.waiting),
-                "token_usage": round(sch.token_usage, 4), "num_used_tokens": sch.used_tokens,
+                "token_usage": sch.token_usage, "num_used_tokens": sch.used_tokens,
                 "max_total_num_tokens": sch.max_total_tokens}
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
@@ -684,9 +687,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help="SGLang's flag: requests in one batch, the rest wait in the queue (default: no cap)")
     ap.add_argument("--max-queued-requests", type=int, default=None,
                     help="SGLang's flag: a request beyond this many waiting is refused with 503 (default: no cap)")
-    ap.add_argument("--max-total-tokens", type=int, default=1 << 20,
+    ap.add_argument("--max-total-tokens", type=int, default=None,
                     help="SGLang's flag: the token pool (KV cache); a request is admitted when the batch's "
-                         "prompts plus max new tokens fit")
+                         "prompts plus max new tokens fit (default: 1048576, never the limit)")
     ap.add_argument("--batch-token-latency", type=float, default=0.0,
                     help="seconds a decode step takes longer per running request (step time: "
                          "--token-latency + this x running)")

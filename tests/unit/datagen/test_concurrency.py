@@ -1,0 +1,117 @@
+"""The adaptive concurrency controller (datagen.gen.concurrency): readings and the next limit, as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from datagen.gen.concurrency import LimitPolicy, WorkerLoad, bounds, initial_limit, next_limit, parse_loads
+
+# a worker's /metrics as sglang 0.5.23 writes it (prometheus_client text, SchedulerMetricsCollector labels)
+WORKER_PAGE = """\
+# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 37.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 5.0
+sglang:token_usage{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 0.41
+sglang:num_requests_total{model_name="m",engine_type="unified"} 1234.0
+"""
+
+# sglang-router 0.3.2's /engine_metrics: every worker's page, sglang: renamed sglang_, a worker_addr label
+ROUTER_PAGE = """\
+# TYPE sglang_num_running_reqs gauge
+sglang_num_running_reqs{model_name="m",worker_addr="http://127.0.0.1:31001"} 16
+sglang_num_running_reqs{model_name="m",worker_addr="http://127.0.0.1:31000"} 12
+
+# TYPE sglang_num_queue_reqs gauge
+sglang_num_queue_reqs{model_name="m",worker_addr="http://127.0.0.1:31000"} 0
+sglang_num_queue_reqs{model_name="m",worker_addr="http://127.0.0.1:31001"} 9
+"""
+
+
+@pytest.mark.parametrize("page, expected", [
+    (WORKER_PAGE, [WorkerLoad(37, 5)]),
+    (ROUTER_PAGE, [WorkerLoad(12, 0), WorkerLoad(16, 9)]),  # sorted by worker_addr, queues matched by labels
+    # priority scheduling: one series per priority, added up per worker
+    ('sglang:num_running_reqs{model_name="m",priority="0"} 3\nsglang:num_running_reqs{model_name="m",priority="1"} 4\n'
+     'sglang:num_queue_reqs{model_name="m",priority="1"} 2\n', [WorkerLoad(7, 2)]),
+    # data parallelism: one scheduler per dp_rank, each its own batch
+    ('sglang:num_running_reqs{dp_rank="0"} 8\nsglang:num_running_reqs{dp_rank="1"} 2\n'
+     'sglang:num_queue_reqs{dp_rank="1"} 1\n', [WorkerLoad(8, 0), WorkerLoad(2, 1)]),
+    ("sglang:num_running_reqs 4\n", [WorkerLoad(4, 0)]),  # no queue gauge: an empty queue
+    ("sglang:num_requests_total 9\n# nothing about load\n", []),
+    ("<html>502 Bad Gateway</html>\nsglang:num_running_reqs{x=\"1\"} NaN\nsglang:num_running_reqs -3\n", []),
+    ("", []),
+])
+def test_parse_loads(page, expected):
+    assert parse_loads(page) == expected
+
+
+P = LimitPolicy(queue_target=8, minimum=8, maximum=1024)
+
+
+def loads(*queues, running=16):
+    return [WorkerLoad(running, q) for q in queues]
+
+
+@pytest.mark.parametrize("case, limit, in_flight, reading, expected", [
+    ("no reading: hold", 256, 256, [], 256),
+    ("every queue empty, limit binding: double", 256, 256, loads(0, 0), 512),
+    ("every queue empty, small limit: at least the target queue more", 16, 16, loads(0, 0), 32),
+    ("every queue empty but fewer in flight than the limit (input ending): hold", 256, 100, loads(0, 0), 256),
+    ("a short queue: fill it to the target", 40, 40, loads(2), 46),
+    ("queues at the target: hold", 64, 64, loads(8, 10), 64),
+    ("queues up to twice the target: hold", 64, 64, loads(16, 16), 64),
+    ("flooded: the excess goes at once", 256, 256, loads(224), 40),
+    ("flooded while tasks above a lowered limit finish: from what is in flight", 48, 256, loads(224), 40),
+    ("flooded, but the limit is already below the correction: keep the lower", 30, 256, loads(224), 30),
+    ("two workers flooded: the common excess goes", 256, 256, loads(100, 40), 192),
+    ("one worker idle behind a router that keeps the other's queue long: grow", 96, 96, loads(80, 0), 112),
+    ("bounded below: n x minimum", 100, 100, loads(5000), 8),
+    ("bounded above: n x maximum", 1500, 1500, loads(0), 1024),
+    ("bounded above, two workers", 1800, 1800, loads(0, 0), 2048),
+])
+def test_next_limit(case, limit, in_flight, reading, expected):
+    assert next_limit(limit, in_flight, reading, P) == expected, case
+
+
+@pytest.mark.parametrize("capacity", [4, 16, 96, 300, 700, 1000])
+@pytest.mark.parametrize("start", [8, 128, 1024])
+def test_a_closed_loop_settles_at_capacity_with_a_small_queue(capacity, start):
+    """A worker that runs ``capacity`` at once and queues the rest, the client keeping ``limit`` in flight:
+    from any start the limit settles within a few readings at capacity + a queue of about the target."""
+    limit = initial_limit(1, start, P)
+    history = []
+    for _reading in range(12):
+        running = min(capacity, limit)
+        limit = next_limit(limit, limit, [WorkerLoad(running, limit - running)], P)
+        history.append(limit)
+    settled = history[-4:]
+    assert len(set(settled)) == 1, history  # it holds still once there
+    queued = settled[0] - capacity
+    assert P.queue_target // 2 <= queued <= 2 * P.queue_target or settled[0] == P.minimum, history
+    assert all(P.minimum <= x <= P.maximum for x in history), history
+
+
+def test_capacity_above_the_maximum_stays_at_the_maximum():
+    limit = 128
+    for _reading in range(10):
+        limit = next_limit(limit, limit, [WorkerLoad(limit, 0)], P)
+    assert limit == P.maximum
+
+
+def test_bounds_and_start():
+    assert bounds(3, P) == (24, 3072)
+    assert bounds(0, P) == (8, 1024)  # no reading yet: one worker's worth
+    assert initial_limit(2, 128, P) == 256
+    assert initial_limit(1, 4096, P) == 1024
+    assert initial_limit(1, 1, P) == 8
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"minimum": 0}, {"minimum": 64, "maximum": 32}, {"queue_target": 0}, {"growth": 1.0},
+])
+def test_policy_refuses_nonsense(kwargs):
+    with pytest.raises(ValueError):
+        LimitPolicy(**kwargs)
