@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from datagen.gen.concurrency import LimitPolicy, WorkerLoad, bounds, initial_limit, next_limit, parse_loads
+from datagen.gen.concurrency import LimitPolicy, WorkerLoad, all_empty, bounds, initial_limit, next_limit, parse_loads
 
 # a worker's /metrics as sglang 0.5.23 writes it (prometheus_client text, SchedulerMetricsCollector labels)
 WORKER_PAGE = """\
@@ -55,25 +55,26 @@ def loads(*queues, running=16):
     return [WorkerLoad(running, q) for q in queues]
 
 
-@pytest.mark.parametrize("case, limit, in_flight, reading, expected", [
-    ("no reading: hold", 256, 256, [], 256),
-    ("every queue empty, limit binding: double", 256, 256, loads(0, 0), 512),
-    ("every queue empty, small limit: at least the target queue more", 16, 16, loads(0, 0), 32),
-    ("every queue empty but fewer in flight than the limit (input ending): hold", 256, 100, loads(0, 0), 256),
-    ("a short queue: fill it to the target", 40, 40, loads(2), 46),
-    ("queues at the target: hold", 64, 64, loads(8, 10), 64),
-    ("queues up to twice the target: hold", 64, 64, loads(16, 16), 64),
-    ("flooded: the excess goes at once", 256, 256, loads(224), 40),
-    ("flooded while tasks above a lowered limit finish: from what is in flight", 48, 256, loads(224), 40),
-    ("flooded, but the limit is already below the correction: keep the lower", 30, 256, loads(224), 30),
-    ("two workers flooded: the common excess goes", 256, 256, loads(100, 40), 192),
-    ("one worker idle behind a router that keeps the other's queue long: grow", 96, 96, loads(80, 0), 112),
-    ("bounded below: n x minimum", 100, 100, loads(5000), 8),
-    ("bounded above: n x maximum", 1500, 1500, loads(0), 1024),
-    ("bounded above, two workers", 1800, 1800, loads(0, 0), 2048),
+@pytest.mark.parametrize("case, limit, in_flight, reading, empty_before, expected", [
+    ("no reading: hold", 256, 256, [], True, 256),
+    ("every queue empty twice running, limit binding: double", 256, 256, loads(0, 0), True, 512),
+    ("every queue empty once (a batch that just finished?): add the target", 256, 256, loads(0, 0), False, 272),
+    ("every queue empty, small limit: at least the target queue more", 16, 16, loads(0, 0), True, 32),
+    ("every queue empty but fewer in flight than the limit (input ending): hold", 256, 100, loads(0, 0), True, 256),
+    ("a short queue: fill it to the target", 40, 40, loads(2), True, 46),
+    ("queues at the target: hold", 64, 64, loads(8, 10), True, 64),
+    ("queues up to twice the target: hold", 64, 64, loads(16, 16), True, 64),
+    ("flooded: the excess goes at once", 256, 256, loads(224), True, 40),
+    ("flooded while tasks above a lowered limit finish: from what is in flight", 48, 256, loads(224), True, 40),
+    ("flooded, but the limit is already below the correction: keep the lower", 30, 256, loads(224), True, 30),
+    ("two workers flooded: the common excess goes", 256, 256, loads(100, 40), True, 192),
+    ("one worker idle behind a router that keeps the other's queue long: grow", 96, 96, loads(80, 0), True, 112),
+    ("bounded below: n x minimum", 100, 100, loads(5000), True, 8),
+    ("bounded above: n x maximum", 1500, 1500, loads(0), True, 1024),
+    ("bounded above, two workers", 1800, 1800, loads(0, 0), True, 2048),
 ])
-def test_next_limit(case, limit, in_flight, reading, expected):
-    assert next_limit(limit, in_flight, reading, P) == expected, case
+def test_next_limit(case, limit, in_flight, reading, empty_before, expected):
+    assert next_limit(limit, in_flight, reading, P, empty_before) == expected, case
 
 
 @pytest.mark.parametrize("capacity", [4, 16, 96, 300, 700, 1000])
@@ -83,9 +84,12 @@ def test_a_closed_loop_settles_at_capacity_with_a_small_queue(capacity, start):
     from any start the limit settles within a few readings at capacity + a queue of about the target."""
     limit = initial_limit(1, start, P)
     history = []
-    for _reading in range(12):
+    empty = False
+    for _reading in range(16):
         running = min(capacity, limit)
-        limit = next_limit(limit, limit, [WorkerLoad(running, limit - running)], P)
+        reading = [WorkerLoad(running, limit - running)]
+        limit = next_limit(limit, limit, reading, P, empty)
+        empty = all_empty(reading)
         history.append(limit)
     settled = history[-4:]
     assert len(set(settled)) == 1, history  # it holds still once there
@@ -96,8 +100,8 @@ def test_a_closed_loop_settles_at_capacity_with_a_small_queue(capacity, start):
 
 def test_capacity_above_the_maximum_stays_at_the_maximum():
     limit = 128
-    for _reading in range(10):
-        limit = next_limit(limit, limit, [WorkerLoad(limit, 0)], P)
+    for _reading in range(16):
+        limit = next_limit(limit, limit, [WorkerLoad(limit, 0)], P, True)
     assert limit == P.maximum
 
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 import aiohttp
 
 from ..sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
-from .concurrency import LimitPolicy, WorkerLoad, describe, initial_limit, next_limit, parse_loads
+from .concurrency import LimitPolicy, WorkerLoad, all_empty, describe, initial_limit, next_limit, parse_loads
 from .journal import AppendLog, DoneIndex
 from .progress import Progress, summary_line, write_atomic
 from .settings import GenerateSettings
@@ -42,8 +42,9 @@ OUTPUT_KEYS = frozenset({"id", "messages", "tools", "finish_reason", "usage", "s
 # rows buffered for the writer thread before the workers wait for it
 _MAX_PENDING = 64 << 20
 _LOG_EVERY_S = 60.0
-# auto: the limit per worker before the first reading (the fixed default of earlier releases)
-_START_PER_WORKER = 128
+# auto: the limit per worker before the first reading; low, so that a small worker is not flooded for long
+# at the start (the limit doubles every other reading while the queues stay empty)
+_START_PER_WORKER = 32
 # the load pages are small; a worker too busy to answer one in this time is not read this round
 _LOAD_TIMEOUT_S = 5.0
 
@@ -451,10 +452,12 @@ class Engine:
                      "or set generate.concurrency")
         self._note_limit(srv, loads)
         self._spawn(session, home)
+        empty_before = False
         while not self._exhausted and not self.stopping:
             await asyncio.sleep(s.load_interval)
             loads = await self._read_load(session, srv)
-            limit = next_limit(srv.limit, srv.in_flight, loads, policy)
+            limit = next_limit(srv.limit, srv.in_flight, loads, policy, empty_before)
+            empty_before = all_empty(loads)
             if limit != srv.limit:
                 srv.limit = limit
                 self._spawn(session, home)

@@ -10,7 +10,8 @@ workers' queues near a small target:
 
 - every queue far above the target (flooded): take the excess back at once;
 - a queue below half the target while the limit is what holds the client back:
-  grow, doubling while every queue is empty (the room is unknown), else by the
+  grow, doubling while every queue stays empty (the room is unknown; one empty
+  reading may be a batch that just finished, so the first only adds the target), else by the
   missing queue (the shortest queue decides: behind a router one worker may keep
   a long queue for cache affinity while another has room);
 - otherwise hold. Always within ``minimum..maximum`` per worker.
@@ -109,11 +110,18 @@ def initial_limit(workers: int, start: int, policy: LimitPolicy) -> int:
     return max(lo, min(hi, max(1, workers) * start))
 
 
-def next_limit(limit: int, in_flight: int, loads: Sequence[WorkerLoad], policy: LimitPolicy) -> int:
+def all_empty(loads: Sequence[WorkerLoad]) -> bool:
+    """Every queue empty (and something read)."""
+    return bool(loads) and all(w.queued == 0 for w in loads)
+
+
+def next_limit(limit: int, in_flight: int, loads: Sequence[WorkerLoad], policy: LimitPolicy,
+               empty_before: bool = False) -> int:
     """The next in-flight limit for one server (a worker, or a router and every worker behind it).
 
     ``limit``: the current limit; ``in_flight``: the client's requests to that server now; ``loads``: what its
-    workers report now. No reading (an empty ``loads``) keeps the limit as it is.
+    workers report now; ``empty_before``: every queue was empty at the previous reading too. No reading (an
+    empty ``loads``) keeps the limit as it is.
     """
     if not loads:
         return limit
@@ -130,8 +138,8 @@ def next_limit(limit: int, in_flight: int, loads: Sequence[WorkerLoad], policy: 
     elif 2 * shortest < target:
         if in_flight + n * target < limit:
             new = limit  # the limit is not what holds the load back (the end of the input, rows in backoff)
-        elif all(w.queued == 0 for w in loads):
-            new = max(limit + n * target, int(limit * policy.growth))  # every queue empty: the room is unknown
+        elif all_empty(loads) and empty_before:
+            new = max(limit + n * target, int(limit * policy.growth))  # empty twice running: the room is unknown
         else:
             new = limit + n * (target - shortest)
     else:
