@@ -452,7 +452,7 @@ class Engine:
                      "or set generate.concurrency")
         self._note_limit(srv, loads)
         self._spawn(session, home)
-        empty_before = False
+        empty_before = True  # at the start the room is unknown: an empty first reading doubles at once
         while not self._exhausted and not self.stopping:
             await asyncio.sleep(s.load_interval)
             loads = await self._read_load(session, srv)

@@ -5,15 +5,16 @@ A worker runs at most its ``--max-running-requests`` at once and queues the rest
 and the KV cache, so no fixed number fits every deployment. A queued request is
 the worker's own signal that it is full: while every queue is empty there is room
 for more, while the queues hold more than a few requests the client is only adding
-latency (and requests to lose when a worker dies). The controller keeps the
-workers' queues near a small target:
+latency (and requests to lose when a worker dies). The controller keeps every
+worker's queue near a small goal (``queue_target``, or an eighth of its running
+batch when that is more: see :func:`queue_goal`):
 
-- every queue far above the target (flooded): take the excess back at once;
-- a queue below half the target while the limit is what holds the client back:
+- every queue far above its goal (flooded): take the shared excess back at once;
+- a queue below half its goal while the limit is what holds the client back:
   grow, doubling while every queue stays empty (the room is unknown; one empty
-  reading may be a batch that just finished, so the first only adds the target), else by the
-  missing queue (the shortest queue decides: behind a router one worker may keep
-  a long queue for cache affinity while another has room);
+  reading may be a batch that just finished, so the first only adds the goals),
+  else by the missing queue (the shortest queue decides: behind a router one
+  worker may keep a long queue for cache affinity while another has room);
 - otherwise hold. Always within ``minimum..maximum`` per worker.
 
 The readings are SGLang's Prometheus gauges ``sglang:num_running_reqs`` and
@@ -57,6 +58,7 @@ class LimitPolicy:
     """The controller's settings, per worker."""
 
     queue_target: int = 8  # requests waiting per worker: enough to refill a batch at once, no more
+    queue_share: float = 0.125  # ... or this share of its running batch, when more
     minimum: int = 8
     maximum: int = 1024
     growth: float = 2.0  # factor while every queue is empty
@@ -64,8 +66,8 @@ class LimitPolicy:
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
             raise ValueError(f"need 1 <= minimum <= maximum, got {self.minimum}..{self.maximum}")
-        if self.queue_target < 1 or self.growth <= 1.0:
-            raise ValueError("queue_target must be >= 1 and growth > 1")
+        if self.queue_target < 1 or self.growth <= 1.0 or not 0.0 <= self.queue_share <= 1.0:
+            raise ValueError("queue_target must be >= 1, growth > 1 and queue_share within 0..1")
 
 
 def parse_loads(text: str) -> List[WorkerLoad]:
@@ -110,6 +112,16 @@ def initial_limit(workers: int, start: int, policy: LimitPolicy) -> int:
     return max(lo, min(hi, max(1, workers) * start))
 
 
+def queue_goal(load: WorkerLoad, policy: LimitPolicy) -> int:
+    """The queue wanted at one worker: ``queue_target``, or ``queue_share`` of its batch when that is more.
+
+    Requests that arrive while a step runs wait for the next one (scheduler.py admits between steps), so a
+    worker with room shows a queue too, the longer the bigger its batch and the shorter its answers; only a
+    queue beyond that says the batch is full.
+    """
+    return max(policy.queue_target, int(load.running * policy.queue_share))
+
+
 def all_empty(loads: Sequence[WorkerLoad]) -> bool:
     """Every queue empty (and something read)."""
     return bool(loads) and all(w.queued == 0 for w in loads)
@@ -127,21 +139,22 @@ def next_limit(limit: int, in_flight: int, loads: Sequence[WorkerLoad], policy: 
         return limit
     n = len(loads)
     lo, hi = bounds(n, policy)
-    target = policy.queue_target
+    goals = [queue_goal(w, policy) for w in loads]
     # the shortest queue decides: a router may keep one worker's queue long for cache affinity (sglang-router's
     # cache_aware policy balances only past its imbalance threshold) while another worker has room
-    shortest = min(w.queued for w in loads)
-    if shortest > 2 * target:
-        # flooded, every worker: the excess over the target goes, counted from what is in flight now (tasks
-        # above a lowered limit are still finishing their rows: the limit itself may be lower already)
-        new = min(limit, in_flight - n * (shortest - target))
-    elif 2 * shortest < target:
-        if in_flight + n * target < limit:
+    if all(w.queued > 2 * g for w, g in zip(loads, goals)):
+        # flooded, every worker: the excess they share goes, counted from what is in flight now (tasks above a
+        # lowered limit are still finishing their rows: the limit itself may be lower already)
+        excess = min(w.queued - g for w, g in zip(loads, goals))
+        new = min(limit, in_flight - n * excess)
+    elif any(2 * w.queued < g for w, g in zip(loads, goals)):
+        if in_flight + sum(goals) < limit:
             new = limit  # the limit is not what holds the load back (the end of the input, rows in backoff)
         elif all_empty(loads) and empty_before:
-            new = max(limit + n * target, int(limit * policy.growth))  # empty twice running: the room is unknown
+            new = max(limit + sum(goals), int(limit * policy.growth))  # empty twice running: the room is unknown
         else:
-            new = limit + n * (target - shortest)
+            # the largest shortfall, for every worker: where the extra requests go is the router's choice
+            new = limit + n * max(g - w.queued for w, g in zip(loads, goals))
     else:
         new = limit
     return max(lo, min(hi, new))
