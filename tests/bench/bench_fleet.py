@@ -6,8 +6,9 @@ takes ``--token-latency + --batch-token-latency x running`` seconds, so a worker
 its batch up to its capacity), the real sglang-router 0.3.2 from the venv, and the real datagen generate
 client (``python -m datagen.generate``), each its own process on loopback.
 
-Throughput is the rows the client has written ``--window`` seconds after it started (start-up, the readiness
-gate and the adaptive ramp included), so every setting gets the same wall time whatever its speed.
+Throughput is the rows the client writes in ``--window`` seconds, every setting the same wall time whatever
+its speed: counted from its start in the concurrency part (start-up, readiness gate and the adaptive ramp
+included), after ``--warmup`` seconds in the nodes part (the steady rate of a job that runs for hours).
 
 - ``nodes``: two "nodes" (two groups of ``--workers`` workers each) vs one node, every worker behind one
   router (the role's ``cache_aware`` policy), concurrency ``auto``. Goal (issue 15): >= 1.9x.
@@ -110,8 +111,10 @@ def count_lines(path: str) -> int:
         return 0
 
 
-def run_generate(server: str, workers: List[str], concurrency, rows: int, window: float, work: str) -> dict:
-    """Start ``python -m datagen.generate``; the rows it has written after ``window`` seconds, then stop it."""
+def run_generate(server: str, workers: List[str], concurrency, rows: int, window: float, work: str,
+                 skip: float = 0.0) -> dict:
+    """Start ``python -m datagen.generate``; the rows it writes from ``skip`` to ``window`` seconds after its
+    start, then stop it."""
     os.makedirs(work)
     prompts = os.path.join(work, "prompts.jsonl")
     make_prompts(prompts, rows)
@@ -128,13 +131,19 @@ def run_generate(server: str, workers: List[str], concurrency, rows: int, window
                             env=dict(os.environ, PYTHONPATH=FILES), stdout=log, stderr=subprocess.STDOUT, cwd=work)
     t0 = time.monotonic()
     sampler.start()
+    output = os.path.join(work, "generated.jsonl")
+    before = 0
     try:
-        while time.monotonic() - t0 < window:
-            if proc.poll() is not None:
-                break
+        while time.monotonic() - t0 < skip and proc.poll() is None:
+            time.sleep(0.01)
+        if skip:
+            before = count_lines(output)
+        t1 = time.monotonic()
+        while time.monotonic() - t0 < window and proc.poll() is None:
             time.sleep(0.05)
-        elapsed = time.monotonic() - t0
-        written = count_lines(os.path.join(work, "generated.jsonl"))
+        elapsed = time.monotonic() - t1
+        written = count_lines(output) - before
+        total = before + written
     finally:
         sampler.stop.set()
         if proc.poll() is None:
@@ -146,7 +155,7 @@ def run_generate(server: str, workers: List[str], concurrency, rows: int, window
             proc.wait(timeout=10)
         log.close()
         sampler.join(timeout=5)
-    if written >= rows:
+    if total >= rows:
         raise SystemExit(f"bench: {work}: all {rows} rows done before the window closed: raise the rows")
     try:
         with open(os.path.join(work, "generate.progress.json"), encoding="utf-8") as fh:
@@ -165,8 +174,8 @@ def bench_nodes(a: argparse.Namespace, tmp: str) -> dict:
         for nodes in (1, 2):
             group = workers[: nodes * a.workers]
             with RouterProcess([w.url for w in group], policy="cache_aware") as router:
-                res = run_generate(router.url, [w.url for w in group], "auto", a.rows, a.window,
-                                   os.path.join(tmp, f"nodes-{nodes}"))
+                res = run_generate(router.url, [w.url for w in group], "auto", a.rows, a.window + a.warmup,
+                                   os.path.join(tmp, f"nodes-{nodes}"), skip=a.warmup)
             out[f"{nodes}_node"] = res
             print(f"nodes {nodes}: {len(group)} workers x {a.node_capacity}  {res['rows_s']:7.1f} rows/s  "
                   f"running {res['running']:6.1f}  queued {res['queued']:6.1f}  limit {res['final_limit']}",
@@ -202,6 +211,8 @@ def main() -> int:
     ap.add_argument("--only", choices=("nodes", "concurrency"), help="run one part")
     ap.add_argument("--window", type=float, default=8.0, help="seconds each run generates")
     ap.add_argument("--rows", type=int, default=20000, help="prompts per run (more than any run gets through)")
+    ap.add_argument("--warmup", type=float, default=3.0,
+                    help="nodes: seconds before the window (start-up, ramp, first answers): the steady rate counts")
     ap.add_argument("--workers", type=int, default=2, help="workers per node")
     ap.add_argument("--node-capacity", type=int, default=32, help="running requests per worker in the nodes part")
     ap.add_argument("--json", help="write the results here too")
