@@ -5,7 +5,8 @@ grows with the input size: no task per row, no queue, no list of rows. How many
 tasks each server gets is its in-flight limit: ``concurrency`` when fixed, else
 (``auto``) a pilot task per server reads the workers' running and queued
 requests every ``load_interval`` and moves the limit (``gen.concurrency``); a
-task above the limit retires after its row, a raised limit starts new ones. A row is finished when its line is in the output; a row that
+task above the limit retires after its row, a raised limit starts new ones.
+A row is finished when its line is in the output; a row that
 was in flight or still buffered when the process died is simply generated
 again on resume.
 
@@ -45,6 +46,9 @@ _LOG_EVERY_S = 60.0
 # auto: the limit per worker before the first reading; low, so that a small worker is not flooded for long
 # at the start (the limit doubles every other reading while the queues stay empty)
 _START_PER_WORKER = 32
+# auto, but the server reports no load (no --enable-metrics, not SGLang): the fixed default of earlier releases,
+# per worker the router lists
+_BLIND_PER_WORKER = 128
 # the load pages are small; a worker too busy to answer one in this time is not read this round
 _LOAD_TIMEOUT_S = 5.0
 
@@ -445,11 +449,14 @@ class Engine:
             return
         policy = self._policy
         loads = await self._read_load(session, srv)
-        srv.limit = initial_limit(len(loads), _START_PER_WORKER, policy)
-        if not loads:
+        if loads:
+            srv.limit = initial_limit(len(loads), _START_PER_WORKER, policy)
+        else:
+            workers = await self._listed_workers(session, srv)
+            srv.limit = initial_limit(workers, _BLIND_PER_WORKER, policy)
             self.log(f"generate: {srv.base} reports no load (sglang:num_running_reqs on /engine_metrics or "
-                     f"/metrics): keeping {srv.limit} requests in flight; start the workers with --enable-metrics, "
-                     "or set generate.concurrency")
+                     f"/metrics): {srv.limit} requests in flight ({_BLIND_PER_WORKER} for each of {workers} "
+                     "worker(s)) until it does; start the workers with --enable-metrics, or set generate.concurrency")
         self._note_limit(srv, loads)
         self._spawn(session, home)
         empty_before = True  # at the start the room is unknown: an empty first reading doubles at once
@@ -462,6 +469,15 @@ class Engine:
                 srv.limit = limit
                 self._spawn(session, home)
             self._note_limit(srv, loads)
+
+    async def _listed_workers(self, session: aiohttp.ClientSession, srv: _Server) -> int:
+        """How many workers a router lists (its GET /workers); 1 for a worker, or when it cannot say."""
+        try:
+            status, body = await self._get(session, srv.base + "/workers", _LOAD_TIMEOUT_S)
+            listed = _loads(body)["workers"] if status == 200 else []
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
+            listed = []
+        return max(1, len(listed)) if isinstance(listed, list) else 1
 
     def _note_limit(self, srv: _Server, loads: List[WorkerLoad]) -> None:
         srv.stats["limit"] = srv.limit
