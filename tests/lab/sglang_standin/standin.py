@@ -9,6 +9,11 @@ Rows that carry ``tools`` get a tool call first and a final answer once the
 conversation ends in a tool result; ``chat_template_kwargs.enable_thinking``
 adds ``reasoning_content`` as SGLang's reasoning parser does.
 
+A capacity like a real worker's (``--max-running-requests``, ``--max-queued-requests``,
+``--max-total-tokens``, ``--batch-token-latency``): a running batch, a waiting queue, decode steps
+that take longer the bigger the batch, and SGLang's scheduler gauges on ``/metrics``
+(``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``...).
+
 Faults to test a client against: latency, a rate of 503s (with Retry-After),
 a rate of dropped connections (closed with no answer, or after half a body),
 a not-ready period (listening, but /health_generate answers 503) and a delayed
