@@ -40,7 +40,7 @@ sglang_num_queue_reqs{model_name="m",worker_addr="http://127.0.0.1:31001"} 9
 
 
 @pytest.mark.parametrize("page, expected", [
-    (WORKER_PAGE, [WorkerLoad(37, 5)]),
+    (WORKER_PAGE, [WorkerLoad(37, 5, 0.41)]),
     (ROUTER_PAGE, [WorkerLoad(12, 0), WorkerLoad(16, 9)]),  # sorted by worker_addr, queues matched by labels
     # priority scheduling: one series per priority, added up per worker
     ('sglang:num_running_reqs{model_name="m",priority="0"} 3\nsglang:num_running_reqs{model_name="m",priority="1"} 4\n'
@@ -82,6 +82,9 @@ def loads(*queues, running=16):
      231),
     ("a big batch with an eighth of it waiting: hold", 450, 450, [WorkerLoad(400, 50)], True, 450),
     ("a big batch with half of it waiting: flooded", 600, 600, [WorkerLoad(400, 200)], True, 450),
+    ("a short queue, but the KV cache is full: hold", 40, 40, [WorkerLoad(32, 0, 0.97)], True, 40),
+    ("one worker's KV cache full, the other has room: grow", 96, 96,
+     [WorkerLoad(16, 0, 0.97), WorkerLoad(16, 0, 0.5)], False, 112),
     ("bounded below: n x minimum", 100, 100, loads(5000), True, 8),
     ("bounded above: n x maximum", 1500, 1500, loads(0), True, 1024),
     ("bounded above, two workers", 1800, 1800, loads(0, 0), True, 2048),

@@ -17,8 +17,11 @@ batch when that is more: see :func:`queue_goal`):
   worker may keep a long queue for cache affinity while another has room);
 - otherwise hold. Always within ``minimum..maximum`` per worker.
 
-The readings are SGLang's Prometheus gauges ``sglang:num_running_reqs`` and
-``sglang:num_queue_reqs`` (sglang/srt/observability/metrics_collector.py,
+A worker whose ``sglang:token_usage`` is at ``full_usage`` (its KV cache, not the
+running cap, bounds the batch) counts as having no room.
+
+The readings are SGLang's Prometheus gauges ``sglang:num_running_reqs``,
+``sglang:num_queue_reqs`` and ``sglang:token_usage`` (sglang/srt/observability/metrics_collector.py,
 ``SchedulerMetricsCollector``), from a worker's ``/metrics`` (SGLang serves it
 with ``--enable-metrics``) or, behind sglang-router, from the router's
 ``/engine_metrics``, which fetches every worker's ``/metrics`` and labels each
@@ -38,6 +41,7 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 # the two gauges, under SGLang's names and under the router's rewrite of them
 _RUNNING = ("sglang:num_running_reqs", "sglang_num_running_reqs")
 _QUEUED = ("sglang:num_queue_reqs", "sglang_num_queue_reqs")
+_USAGE = ("sglang:token_usage", "sglang_token_usage")
 # labels that split one worker's count into parts to add up (priority scheduling), not into workers
 _PART_LABELS = frozenset({"priority"})
 
@@ -51,6 +55,7 @@ class WorkerLoad:
 
     running: int
     queued: int
+    token_usage: float = 0.0  # share of the KV cache in use (sglang:token_usage)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class LimitPolicy:
     minimum: int = 8
     maximum: int = 1024
     growth: float = 2.0  # factor while every queue is empty
+    full_usage: float = 0.95  # token usage at which a worker's KV cache, not the client, bounds its batch
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
@@ -79,6 +85,7 @@ def parse_loads(text: str) -> List[WorkerLoad]:
     """
     running: Dict[Tuple[Tuple[str, str], ...], float] = {}
     queued: Dict[Tuple[Tuple[str, str], ...], float] = {}
+    usage: Dict[Tuple[Tuple[str, str], ...], float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -86,7 +93,7 @@ def parse_loads(text: str) -> List[WorkerLoad]:
         if m is None:
             continue
         name, labels, value = m.groups()
-        target = running if name in _RUNNING else queued if name in _QUEUED else None
+        target = running if name in _RUNNING else queued if name in _QUEUED else usage if name in _USAGE else None
         if target is None:
             continue
         try:
@@ -97,7 +104,7 @@ def parse_loads(text: str) -> List[WorkerLoad]:
             continue
         key = tuple(sorted((k, v) for k, v in _LABEL.findall(labels or "") if k not in _PART_LABELS))
         target[key] = target.get(key, 0.0) + number
-    return [WorkerLoad(int(running[k]), int(queued.get(k, 0.0))) for k in sorted(running)]
+    return [WorkerLoad(int(running[k]), int(queued.get(k, 0.0)), usage.get(k, 0.0)) for k in sorted(running)]
 
 
 def bounds(workers: int, policy: LimitPolicy) -> Tuple[int, int]:
@@ -147,7 +154,9 @@ def next_limit(limit: int, in_flight: int, loads: Sequence[WorkerLoad], policy: 
         # lowered limit are still finishing their rows: the limit itself may be lower already)
         excess = min(w.queued - g for w, g in zip(loads, goals))
         new = min(limit, in_flight - n * excess)
-    elif any(2 * w.queued < g for w, g in zip(loads, goals)):
+    elif any(2 * w.queued < g and w.token_usage < policy.full_usage for w, g in zip(loads, goals)):
+        # (a worker whose KV cache is full has no room whatever its queue: more would only wait, or be
+        # retracted from the batch and computed again)
         if in_flight + sum(goals) < limit:
             new = limit  # the limit is not what holds the load back (the end of the input, rows in backoff)
         elif all_empty(loads) and empty_before:
@@ -161,5 +170,6 @@ def next_limit(limit: int, in_flight: int, loads: Sequence[WorkerLoad], policy: 
 
 
 def describe(loads: Sequence[WorkerLoad]) -> Mapping[str, int]:
-    """Totals for the progress file: workers, running, queued."""
-    return {"workers": len(loads), "running": sum(w.running for w in loads), "queued": sum(w.queued for w in loads)}
+    """Totals for the progress file: workers, running, queued, the highest token usage."""
+    return {"workers": len(loads), "running": sum(w.running for w in loads), "queued": sum(w.queued for w in loads),
+            "token_usage": round(max((w.token_usage for w in loads), default=0.0), 3)}
