@@ -9,6 +9,11 @@ Rows that carry ``tools`` get a tool call first and a final answer once the
 conversation ends in a tool result; ``chat_template_kwargs.enable_thinking``
 adds ``reasoning_content`` as SGLang's reasoning parser does.
 
+A capacity like a real worker's (``--max-running-requests``, ``--max-queued-requests``,
+``--max-total-tokens``, ``--batch-token-latency``): a running batch, a waiting queue, decode steps
+that take longer the bigger the batch, and SGLang's scheduler gauges on ``/metrics``
+(``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``...).
+
 Faults to test a client against: latency, a rate of 503s (with Retry-After),
 a rate of dropped connections (closed with no answer, or after half a body),
 a not-ready period (listening, but /health_generate answers 503) and a delayed
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import ipaddress
 import json
 import logging
@@ -192,6 +198,118 @@ def fake_ids(text: str, n: int) -> List[int]:
     return [1000 + (h + 7919 * i) % 30000 for i in range(n)]
 
 
+# ---------------------------------------------------------------- the capacity model
+# sglang 0.5.23: a worker runs at most --max-running-requests requests in one batch and keeps the rest in a
+# waiting queue (managers/scheduler.py: waiting_queue, running_batch; managers/schedule_policy.py: PrefillAdder
+# stops adding once the running batch is full or the token pool cannot hold another request); a request joins
+# the batch between steps and leaves it when its last token is sampled (continuous batching). A full queue
+# (--max-queued-requests) aborts the new request with 503 "The request queue is full."
+# (scheduler.py _abort_on_queued_limit).
+#
+# The time model (the stand-in's own, documented in README.md): one decode step samples one token for every
+# running request and takes  --token-latency + --batch-token-latency * running  seconds, the memory-bound part
+# that does not depend on the batch plus the part that grows with it. A worker's token throughput,
+# running / step time, therefore grows with the batch and is highest at --max-running-requests.
+
+
+DEFAULT_TOKEN_POOL = 1 << 20  # --max-total-tokens unset: a pool that no test fills
+
+
+class QueueFull(Exception):
+    """The waiting queue holds --max-queued-requests already."""
+
+
+class _Seq:
+    __slots__ = ("left", "tokens", "reserve", "done")
+
+    def __init__(self, tokens: int, prompt_tokens: int, reserve: int, done: asyncio.Future) -> None:
+        self.left = tokens
+        self.tokens = prompt_tokens
+        self.reserve = reserve
+        self.done = done
+
+
+class BatchScheduler:
+    """Continuous batching with a running cap, a FIFO waiting queue and a token pool; one step loop per worker."""
+
+    def __init__(self, max_running: Optional[int], max_queued: Optional[int], max_total_tokens: int,
+                 token_latency: float, batch_token_latency: float) -> None:
+        self.max_running = max_running
+        self.max_queued = max_queued
+        self.max_total_tokens = max_total_tokens
+        self.token_latency = token_latency
+        self.batch_token_latency = batch_token_latency
+        self.waiting: collections.deque[_Seq] = collections.deque()
+        self.running: List[_Seq] = []
+        self.used_tokens = 0  # KV tokens held by the running batch (prompt + sampled so far)
+        self._reserved = 0  # what the running batch may still grow to (prompt + max new tokens)
+        self._wake = asyncio.Event()
+        self._loop_task: Optional[asyncio.Task] = None
+
+    def step_seconds(self, batch: int) -> float:
+        return self.token_latency + self.batch_token_latency * batch
+
+    async def run(self, tokens: int, prompt_tokens: int, max_new_tokens: int) -> None:
+        """Return once ``tokens`` tokens were sampled for this request (queued first when the batch is full)."""
+        if self.max_queued is not None and len(self.waiting) + 1 > self.max_queued:
+            raise QueueFull("The request queue is full.")
+        if self._loop_task is None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._loop())
+        seq = _Seq(max(1, tokens), prompt_tokens, prompt_tokens + max(1, max_new_tokens),
+                   asyncio.get_running_loop().create_future())
+        self.waiting.append(seq)
+        self._wake.set()
+        try:
+            await seq.done
+        except asyncio.CancelledError:  # the client went away: the loop drops it at the next step
+            seq.left = 0
+            raise
+
+    def _admit(self) -> None:
+        # schedule_policy.py PrefillAdder: FIFO, while the batch has room and the pool can hold the request
+        # (its prompt plus every token it may still sample); one request always runs, however large
+        while self.waiting:
+            seq = self.waiting[0]
+            if seq.done.done():
+                self.waiting.popleft()
+                continue
+            if self.max_running is not None and len(self.running) >= self.max_running:
+                return
+            if self.running and self._reserved + seq.reserve > self.max_total_tokens:
+                return
+            self.waiting.popleft()
+            self.running.append(seq)
+            self._reserved += seq.reserve
+            self.used_tokens += seq.tokens
+
+    async def _loop(self) -> None:
+        while True:
+            self._admit()
+            if not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await asyncio.sleep(self.step_seconds(len(self.running)))
+            still: List[_Seq] = []
+            for seq in self.running:
+                if seq.left > 0 and not seq.done.done():
+                    seq.left -= 1
+                    seq.tokens += 1
+                    self.used_tokens += 1
+                if seq.left > 0 and not seq.done.done():
+                    still.append(seq)
+                    continue
+                self._reserved -= seq.reserve
+                self.used_tokens -= seq.tokens
+                if not seq.done.done():
+                    seq.done.set_result(None)
+            self.running = still
+
+    @property
+    def token_usage(self) -> float:
+        return self.used_tokens / self.max_total_tokens if self.max_total_tokens else 0.0
+
+
 class StandIn:
     def __init__(self, args: argparse.Namespace) -> None:
         self.a = args
@@ -201,8 +319,13 @@ class StandIn:
         self.started = time.time()
         self.counters: Dict[str, int] = {
             "requests": 0, "ok": 0, "injected_503": 0, "dropped": 0, "prompt_tokens": 0, "generation_tokens": 0,
-            "running": 0,
         }
+        self.active = 0  # requests in the model without a capacity model
+        a = args
+        capacity = (a.max_running_requests, a.max_queued_requests, a.max_total_tokens) != (None, None, None)
+        self.scheduler: Optional[BatchScheduler] = BatchScheduler(
+            a.max_running_requests, a.max_queued_requests, a.max_total_tokens or DEFAULT_TOKEN_POOL, a.token_latency,
+            a.batch_token_latency) if capacity or a.batch_token_latency > 0 else None
         self.seen_ids: Dict[str, int] = {}
         self.hold_file = ""  # set once the port is known ({port} in --not-ready-while)
         self.tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
@@ -280,10 +403,26 @@ class StandIn:
         n = min(natural, max_tokens)
         return _words(h, n), n, ("length" if natural > max_tokens else "stop")
 
-    async def _latency(self, n_tokens: int) -> None:
-        delay = self.a.latency + self.a.token_latency * n_tokens
-        if delay > 0:
-            await asyncio.sleep(delay)
+    async def _latency(self, n_tokens: int, prompt_tokens: int, max_new_tokens: int) -> None:
+        """The model's time for one request: ``--latency``, then its tokens (through the batch scheduler when
+        a capacity is set; raises QueueFull when its queue is full)."""
+        if self.a.latency > 0:
+            await asyncio.sleep(self.a.latency)
+        if self.scheduler is not None:
+            await self.scheduler.run(n_tokens, prompt_tokens, max_new_tokens)
+            return
+        self.active += 1  # no capacity: every request runs at once (sglang:num_running_reqs, no queue)
+        try:
+            if self.a.token_latency > 0:
+                await asyncio.sleep(self.a.token_latency * n_tokens)
+        finally:
+            self.active -= 1
+
+    @staticmethod
+    def queue_full() -> web.StreamResponse:
+        # scheduler.py _abort_on_queued_limit: finish_reason abort, status_code 503, "The request queue is full."
+        return web.json_response({"object": "error", "message": "The request queue is full.",
+                                  "type": "Service Unavailable", "param": None, "code": 503}, status=503)
 
     # ------------------------------------------------------------------ endpoints
 
@@ -359,7 +498,10 @@ class StandIn:
                 reasoning, sampled = reasoning.strip(), sampled.lstrip("\n")
             message = {"role": "assistant", "content": sampled, "reasoning_content": reasoning or None}
         n = len(out_ids)
-        await self._latency(n)
+        try:
+            await self._latency(n, prompt_tokens, max_tokens)
+        except QueueFull:
+            return self.queue_full()
         self.counters["ok"] += 1
         self.counters["prompt_tokens"] += prompt_tokens
         self.counters["generation_tokens"] += n
@@ -415,8 +557,11 @@ class StandIn:
         text, n, finish = self._completion(prompt, max_new, int(sp.get("seed") or 0))
         out_ids, _cut = self.output_ids(text, n, max_new, finish != "length")
         n = len(out_ids)
-        await self._latency(n)
         prompt_tokens = len(input_ids) if isinstance(input_ids, list) else self.count_text(prompt)
+        try:
+            await self._latency(n, prompt_tokens, max_new)
+        except QueueFull:
+            return self.queue_full()
         self.counters["ok"] += 1
         self.counters["prompt_tokens"] += prompt_tokens
         self.counters["generation_tokens"] += n
@@ -469,10 +614,34 @@ class StandIn:
         self.counters["health_generate"] = self.counters.get("health_generate", 0) + 1
         return web.Response(status=200 if self.ready() else 503)
 
+    def scheduler_gauges(self) -> Dict[str, float]:
+        """What the scheduler reports now (metrics_reporter.py: running batch, waiting queue, token pool)."""
+        sch = self.scheduler
+        if sch is None:
+            return {"num_running_reqs": self.active, "num_queue_reqs": 0, "token_usage": 0.0,
+                    "num_used_tokens": 0, "max_total_num_tokens": self.a.max_total_tokens or DEFAULT_TOKEN_POOL}
+        return {"num_running_reqs": len(sch.running), "num_queue_reqs": len(sch.waiting),
+                "token_usage": sch.token_usage, "num_used_tokens": sch.used_tokens,
+                "max_total_num_tokens": sch.max_total_tokens}
+
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         c = self.counters
-        label = f'model_name="{self.model}"'
-        lines = [
+        # observability/metrics_collector.py: the scheduler's gauges carry model_name, engine_type, tp_rank,
+        # pp_rank, moe_ep_rank (SchedulerMetricsCollector labels, engine_type "unified" without disaggregation);
+        # the tokenizer's counters model_name and engine_type (tokenizer_metric_labels); prometheus_client
+        # writes gauge values as floats
+        sched_labels = (f'model_name="{self.model}",engine_type="unified",tp_rank="0",pp_rank="0",'
+                        'moe_ep_rank="0"')
+        helps = {"num_running_reqs": "The number of running requests.",
+                 "num_queue_reqs": "The number of requests in the waiting queue.",
+                 "token_usage": "The token usage.", "num_used_tokens": "The number of used tokens.",
+                 "max_total_num_tokens": "Maximum total number of tokens in the KV cache pool."}
+        lines: List[str] = []
+        for name, value in self.scheduler_gauges().items():
+            lines += [f"# HELP sglang:{name} {helps[name]}", f"# TYPE sglang:{name} gauge",
+                      f"sglang:{name}{{{sched_labels}}} {float(value)!r}"]
+        label = f'model_name="{self.model}",engine_type="unified"'
+        lines += [
             "# TYPE sglang:prompt_tokens_total counter", f"sglang:prompt_tokens_total{{{label}}} {c['prompt_tokens']}",
             "# TYPE sglang:generation_tokens_total counter",
             f"sglang:generation_tokens_total{{{label}}} {c['generation_tokens']}",
@@ -519,6 +688,16 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help="SGLang's flag: every chat response carries sglext.output_ids")
     ap.add_argument("--latency", type=float, default=0.0, help="seconds per request")
     ap.add_argument("--token-latency", type=float, default=0.0, help="seconds per generated token")
+    ap.add_argument("--max-running-requests", type=int, default=None,
+                    help="SGLang's flag: requests in one batch, the rest wait in the queue (default: no cap)")
+    ap.add_argument("--max-queued-requests", type=int, default=None,
+                    help="SGLang's flag: a request beyond this many waiting is refused with 503 (default: no cap)")
+    ap.add_argument("--max-total-tokens", type=int, default=None,
+                    help="SGLang's flag: the token pool (KV cache); a request is admitted when the batch's "
+                         "prompts plus max new tokens fit (default: 1048576, never the limit)")
+    ap.add_argument("--batch-token-latency", type=float, default=0.0,
+                    help="seconds a decode step takes longer per running request (step time: "
+                         "--token-latency + this x running)")
     ap.add_argument("--fail-rate", type=float, default=0.0, help="share of requests answered 503")
     ap.add_argument("--retry-after", type=float, default=0, help="Retry-After seconds on injected 503s")
     ap.add_argument("--drop-rate", type=float, default=0.0, help="share of requests whose connection is dropped")
@@ -546,6 +725,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for name in ("fail_rate", "drop_rate"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             ap.error(f"--{name.replace('_', '-')} must be between 0 and 1")
+    for name in ("max_running_requests", "max_queued_requests", "max_total_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.batch_token_latency < 0 or args.token_latency < 0:
+        ap.error("--token-latency and --batch-token-latency must not be negative")
     if args.fail_rate + args.drop_rate > 1.0:
         ap.error("--fail-rate plus --drop-rate must not exceed 1")
     if args.worker_urls:

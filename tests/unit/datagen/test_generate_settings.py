@@ -29,8 +29,20 @@ def test_defaults_send_thinking_explicitly():
     assert s.servers == ("http://127.0.0.1:30000",)
     assert s.model == "m"
     assert s.template_kwargs() == {"enable_thinking": False}
-    assert s.concurrency == 128 and s.retries == 8
+    assert s.retries == 8
     assert s.sampling == {"max_tokens": 64}
+
+
+def test_concurrency_is_auto_unless_fixed():
+    s = settings_from_config(cfg())
+    assert s.adaptive and s.concurrency is None
+    assert (s.concurrency_min, s.concurrency_max, s.queue_target, s.load_interval) == (8, 1024, 8, 1.0)
+    assert settings_from_config(cfg(generate={"concurrency": "auto"})).adaptive
+    fixed = settings_from_config(cfg(generate={"concurrency": 128}))
+    assert not fixed.adaptive and fixed.concurrency == 128
+    tuned = settings_from_config(cfg(generate={"concurrency_min": 2, "concurrency_max": 64, "queue_target": 4,
+                                               "load_interval": 0.25}))
+    assert (tuned.concurrency_min, tuned.concurrency_max, tuned.queue_target, tuned.load_interval) == (2, 64, 4, 0.25)
 
 
 def test_full_section_and_normalised_servers():
@@ -64,6 +76,12 @@ def test_full_section_and_normalised_servers():
     ({"sampling": {"n": 2}}, "sampling.n"),
     ({"generate": {"concurrency": 0}}, "generate.concurrency"),
     ({"generate": {"concurrency": "64"}}, "generate.concurrency"),
+    ({"generate": {"concurrency": "automatic"}}, "generate.concurrency"),
+    ({"generate": {"concurrency": True}}, "generate.concurrency"),
+    ({"generate": {"concurrency_min": 0}}, "generate.concurrency_min"),
+    ({"generate": {"concurrency_min": 64, "concurrency_max": 32}}, "generate.concurrency_max"),
+    ({"generate": {"queue_target": 0}}, "generate.queue_target"),
+    ({"generate": {"load_interval": 0}}, "generate.load_interval"),
     ({"generate": {"retries": -1}}, "generate.retries"),
     ({"generate": {"thinking": "yes"}}, "generate.thinking"),
     ({"generate": {"chat_template_kwargs": {"enable_thinking": True}}}, "generate.chat_template_kwargs.enable_thinking"),

@@ -113,3 +113,32 @@ def test_python_3_11_passes_the_version_check(tmp_path):
     done = run_tasks(tmp_path, "install.yml", {"sglang_datagen_python": sys.executable, "sglang_datagen_home": str(home)})
     assert "Python >= 3.11" not in done.stdout
     assert "Create the directories" in done.stdout and done.returncode != 0
+
+
+def _pipeline_config(tmp_path: Path) -> dict:
+    """A config the pipeline's own validator accepts, its input files present on localhost."""
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "src.jsonl").write_text("")
+    return {"tokenizer": str(tmp_path / "tok"), "target_total": 100, "target_mix": {"general": 1.0},
+            "sources": [{"name": "lab", "adapter": "messages", "category": "general", "path": str(tmp_path / "src.jsonl")}]}
+
+
+@pytest.mark.parametrize("concurrency, generate", [
+    ("auto", {"concurrency": "auto"}),  # the default: the pipeline follows the workers' load
+    (64, {"concurrency": 512}),  # fixed per worker: the router stands for all eight workers
+])
+def test_concurrency_goes_into_the_pipeline_config(tmp_path, concurrency, generate):
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B",
+                                                "sglang_datagen_concurrency": concurrency,
+                                                "sglang_datagen_config": _pipeline_config(tmp_path)},
+                     show="sglang_datagen__config.generate")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert shown(done) == generate
+
+
+def test_a_bad_concurrency_is_refused_with_the_fix(tmp_path):
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B",
+                                                "sglang_datagen_concurrency": "fast"})
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert 'sglang_datagen_concurrency="fast": set auto' in msg and "a whole number >= 1" in msg, msg

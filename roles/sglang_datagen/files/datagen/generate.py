@@ -131,8 +131,11 @@ def _run_locked(settings: GenerateSettings, prompts_path: str, work_dir: str) ->
                 progress.message = "nothing to do: every prompt has its response"
                 engine._exhausted = True
             else:
-                log.info("generate: %d of %d rows done, %d servers, concurrency %d each", done_at_start, total,
-                         len(settings.servers), settings.concurrency)
+                log.info("generate: %d of %d rows done, %d servers, concurrency %s", done_at_start, total,
+                         len(settings.servers),
+                         f"{settings.concurrency} each" if settings.concurrency else
+                         f"auto ({settings.concurrency_min}-{settings.concurrency_max} per worker, "
+                         f"{settings.queue_target} queued)")
                 try:
                     asyncio.run(engine.run())
                 except GenerateError as exc:

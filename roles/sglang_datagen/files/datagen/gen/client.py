@@ -1,8 +1,12 @@
 """The asyncio + aiohttp generation engine (private to ``datagen.generate``).
 
-Long-lived worker tasks (``concurrency`` per server) pull rows straight from the
-prompts file, so nothing grows with the input size: no task per row, no queue,
-no list of rows. A row is finished when its line is in the output; a row that
+Long-lived worker tasks pull rows straight from the prompts file, so nothing
+grows with the input size: no task per row, no queue, no list of rows. How many
+tasks each server gets is its in-flight limit: ``concurrency`` when fixed, else
+(``auto``) a pilot task per server reads the workers' running and queued
+requests every ``load_interval`` and moves the limit (``gen.concurrency``); a
+task above the limit retires after its row, a raised limit starts new ones.
+A row is finished when its line is in the output; a row that
 was in flight or still buffered when the process died is simply generated
 again on resume.
 
@@ -19,11 +23,12 @@ import json
 import random
 import signal
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import aiohttp
 
 from ..sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
+from .concurrency import LimitPolicy, WorkerLoad, all_empty, describe, initial_limit, next_limit, parse_loads
 from .journal import AppendLog, DoneIndex
 from .progress import Progress, summary_line, write_atomic
 from .settings import GenerateSettings
@@ -38,6 +43,14 @@ OUTPUT_KEYS = frozenset({"id", "messages", "tools", "finish_reason", "usage", "s
 # rows buffered for the writer thread before the workers wait for it
 _MAX_PENDING = 64 << 20
 _LOG_EVERY_S = 60.0
+# auto: the limit per worker before the first reading; low, so that a small worker is not flooded for long
+# at the start (the limit doubles every other reading while the queues stay empty)
+_START_PER_WORKER = 32
+# auto, but the server reports no load (no --enable-metrics, not SGLang): the fixed default of earlier releases,
+# per worker the router lists
+_BLIND_PER_WORKER = 128
+# the load pages are small; a worker too busy to answer one in this time is not read this round
+_LOAD_TIMEOUT_S = 5.0
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _loads = json.loads
@@ -154,7 +167,8 @@ def parse_response(raw: bytes) -> Tuple[Dict[str, Any], Optional[str], Dict[str,
 
 
 class _Server:
-    __slots__ = ("base", "chat_url", "ready", "failed", "event", "stats")
+    __slots__ = ("base", "chat_url", "ready", "failed", "event", "stats", "limit", "tasks", "in_flight", "load_url",
+                 "logged_limit")
 
     def __init__(self, base: str, stats: Dict[str, Any]) -> None:
         self.base = base
@@ -163,6 +177,11 @@ class _Server:
         self.failed = False
         self.event = asyncio.Event()
         self.stats = stats
+        self.limit = 0  # worker tasks this server may have
+        self.tasks = 0  # worker tasks alive for it
+        self.in_flight = 0  # requests sent to it, not yet answered
+        self.load_url: Optional[str] = None  # where its load was last read (/engine_metrics or /metrics)
+        self.logged_limit = 0
 
 
 class _Job:
@@ -206,6 +225,10 @@ class Engine:
         self._sampling_json = _dumps(settings.sampling)
         self._rand = random.Random().random
         self._sync_fut: Optional[asyncio.Future] = None
+        self._workers: Set[asyncio.Task] = set()
+        self._crash: Optional[BaseException] = None
+        self._policy = LimitPolicy(queue_target=settings.queue_target, minimum=settings.concurrency_min,
+                                   maximum=settings.concurrency_max)
 
     # ------------------------------------------------------------ request/row encoding
 
@@ -361,18 +384,111 @@ class Engine:
 
     async def _worker(self, session: aiohttp.ClientSession, home: int) -> None:
         srv = self._servers[home]
+        out = self.out
+        try:
+            while not self.stopping and srv.tasks <= srv.limit:  # above the limit: retire after the row
+                while out.pending > _MAX_PENDING:  # the disk is slower than the servers: wait for the writer
+                    await asyncio.sleep(0.05)
+                job = self._next_job()
+                if job is None:
+                    return
+                await self._generate(session, job, home)
+        finally:
+            srv.tasks -= 1
+
+    def _spawn(self, session: aiohttp.ClientSession, home: int) -> None:
+        """Start worker tasks for ``home`` up to its limit."""
+        srv = self._servers[home]
+        while srv.tasks < srv.limit and not self._exhausted and not self.stopping:
+            srv.tasks += 1
+            task = asyncio.create_task(self._worker(session, home))
+            self._workers.add(task)
+            task.add_done_callback(self._worker_done)
+
+    def _worker_done(self, task: asyncio.Task) -> None:
+        self._workers.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._crash is None:
+            self._crash = task.exception()
+
+    # ------------------------------------------------------------ in-flight limit
+
+    async def _read_load(self, session: aiohttp.ClientSession, srv: _Server) -> List[WorkerLoad]:
+        """The load of the workers behind ``srv`` now: the router's /engine_metrics (every worker), else the
+        worker's own /metrics; [] when neither says anything (the limit then stays as it is)."""
+        urls = [srv.load_url] if srv.load_url else [srv.base + "/engine_metrics", srv.base + "/metrics"]
+        for url in urls:
+            try:
+                # identity: SGLang's /metrics (prometheus_client) gzips for a client that accepts it
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=_LOAD_TIMEOUT_S),
+                                       headers={"Accept-Encoding": "identity", "Accept": "text/plain"}) as resp:
+                    status, body = resp.status, await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                continue
+            if status != 200:
+                continue
+            loads = parse_loads(body.decode("utf-8", "replace"))
+            if loads:
+                srv.load_url = url
+                return loads
+        srv.load_url = None  # look at both again next time (a router restarted, metrics switched on)
+        return []
+
+    async def _pilot(self, session: aiohttp.ClientSession, home: int) -> None:
+        """Start ``home``'s worker tasks once it is ready; with ``concurrency: auto``, keep its limit on the
+        workers' queues until the input runs out."""
+        srv = self._servers[home]
         if not srv.ready:
             await srv.event.wait()
             if not srv.ready:
                 return
-        out = self.out
-        while not self.stopping:
-            while out.pending > _MAX_PENDING:  # the disk is slower than the servers: wait for the writer
-                await asyncio.sleep(0.05)
-            job = self._next_job()
-            if job is None:
-                return
-            await self._generate(session, job, home)
+        s = self.s
+        if not s.adaptive:
+            srv.limit = int(s.concurrency or 1)
+            srv.stats["limit"] = srv.limit
+            self._spawn(session, home)
+            return
+        policy = self._policy
+        loads = await self._read_load(session, srv)
+        if loads:
+            srv.limit = initial_limit(len(loads), _START_PER_WORKER, policy)
+        else:
+            workers = await self._listed_workers(session, srv)
+            srv.limit = initial_limit(workers, _BLIND_PER_WORKER, policy)
+            self.log(f"generate: {srv.base} reports no load (sglang:num_running_reqs on /engine_metrics or "
+                     f"/metrics): {srv.limit} requests in flight ({_BLIND_PER_WORKER} for each of {workers} "
+                     "worker(s)) until it does; start the workers with --enable-metrics, or set generate.concurrency")
+        self._note_limit(srv, loads)
+        self._spawn(session, home)
+        empty_before = True  # at the start the room is unknown: an empty first reading doubles at once
+        while not self._exhausted and not self.stopping:
+            await asyncio.sleep(s.load_interval)
+            loads = await self._read_load(session, srv)
+            limit = next_limit(srv.limit, srv.in_flight, loads, policy, empty_before)
+            empty_before = all_empty(loads)
+            if limit != srv.limit:
+                srv.limit = limit
+                self._spawn(session, home)
+            self._note_limit(srv, loads)
+
+    async def _listed_workers(self, session: aiohttp.ClientSession, srv: _Server) -> int:
+        """How many workers a router lists (its GET /workers); 1 for a worker, or when it cannot say."""
+        try:
+            status, body = await self._get(session, srv.base + "/workers", _LOAD_TIMEOUT_S)
+            listed = _loads(body)["workers"] if status == 200 else []
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
+            listed = []
+        return max(1, len(listed)) if isinstance(listed, list) else 1
+
+    def _note_limit(self, srv: _Server, loads: List[WorkerLoad]) -> None:
+        srv.stats["limit"] = srv.limit
+        if loads:
+            srv.stats.update(describe(loads))
+        # a line when the limit moved by a quarter since the last one: the ramp and the settling, not every tick
+        if srv.logged_limit == 0 or abs(srv.limit - srv.logged_limit) * 4 >= srv.logged_limit:
+            srv.logged_limit = srv.limit
+            load = describe(loads)
+            self.log(f"generate: {srv.base}: {srv.limit} requests in flight at most ({load['workers']} workers "
+                     f"report {load['running']} running, {load['queued']} queued)")
 
     async def _generate(self, session: aiohttp.ClientSession, job: _Job, home: int) -> None:
         s = self.s
@@ -382,6 +498,7 @@ class Engine:
         for attempt in range(s.retries + 1):
             srv = self._server_for(home, attempt)
             prog.in_flight += 1
+            srv.in_flight += 1
             try:
                 async with session.post(srv.chat_url, data=job.body) as resp:
                     status = resp.status
@@ -418,6 +535,7 @@ class Engine:
                 return
             finally:
                 prog.in_flight -= 1
+                srv.in_flight -= 1
             srv.stats["last_error"] = str(last)
             if not last.retry or attempt == s.retries:
                 break
@@ -511,24 +629,32 @@ class Engine:
         self._encode_constants()
         self.progress.state = "running"
         self.write_progress()
-        workers = [asyncio.create_task(self._worker(session, i % len(self._servers)))
-                   for i in range(s.concurrency * len(self._servers))]
-        pending = set(workers)
+        pilots = [asyncio.create_task(self._pilot(session, i)) for i in range(len(self._servers))]
         try:
-            while pending:
-                finished, pending = await asyncio.wait(pending | {stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-                for task in finished:
-                    if task is not stop_wait and task.exception() is not None:
-                        raise task.exception()
-                pending.discard(stop_wait)
+            while True:
+                if self._crash is not None:
+                    raise self._crash
+                live = set(self._workers)
+                waiting_pilots = {p for p in pilots if not p.done()}
+                for pilot in pilots:
+                    if pilot.done() and not pilot.cancelled() and pilot.exception() is not None:
+                        raise pilot.exception()
+                # the end: no worker left and none to come (the input is out, or every pilot is through)
+                if not live and (self._exhausted or self.stopping or not waiting_pilots):
+                    break
+                finished, _ = await asyncio.wait(live | waiting_pilots | {stop_wait},
+                                                 return_when=asyncio.FIRST_COMPLETED)
                 if stop_wait in finished:
                     break
-            if pending:  # stopping: let the requests in flight land, within the grace
-                pending = (await asyncio.wait(pending, timeout=s.shutdown_grace))[1]
+            if self._workers:  # stopping: let the requests in flight land, within the grace
+                await asyncio.wait(set(self._workers), timeout=s.shutdown_grace)
         finally:
-            for task in workers:
+            leftover = [*pilots, *self._workers]
+            for task in leftover:
                 task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            await asyncio.gather(*leftover, return_exceptions=True)
+        if self._crash is not None:
+            raise self._crash
         if self.fatal:
             raise GenerateError(self.fatal)
         self.progress.state = "stopped" if self.stopping else "finished"

@@ -44,7 +44,7 @@ GENERATE_KEYS = {
     "concurrency", "retries", "backoff_base", "backoff_max", "request_timeout", "connect_timeout",
     "fsync_interval", "progress_interval", "ready_timeout", "ready_interval", "shutdown_grace",
     "thinking", "chat_template_kwargs", "api_key_env", "limit", "extra_body", "tool_choice",
-    "max_consecutive_failures",
+    "max_consecutive_failures", "concurrency_min", "concurrency_max", "queue_target", "load_interval",
 }
 
 
@@ -59,7 +59,12 @@ class GenerateSettings:
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     extra_body: Dict[str, Any] = field(default_factory=dict)
     tool_choice: str = "auto"
-    concurrency: int = 128  # in-flight requests per server
+    # in-flight requests per server; None ("auto"): driven by what the workers report (gen/concurrency.py)
+    concurrency: Optional[int] = None
+    concurrency_min: int = 8  # auto: per worker the server reports
+    concurrency_max: int = 1024  # auto: per worker the server reports
+    queue_target: int = 8  # auto: requests waiting in each worker's queue
+    load_interval: float = 1.0  # auto: seconds between two readings of the workers' load
     retries: int = 8  # further attempts after the first
     backoff_base: float = 0.5
     backoff_max: float = 30.0
@@ -75,6 +80,10 @@ class GenerateSettings:
     # rows failing in a row (after their retries) before the run stops: a dead fleet must not
     # turn every prompt into an error line
     max_consecutive_failures: int = 200
+
+    @property
+    def adaptive(self) -> bool:
+        return self.concurrency is None
 
     def template_kwargs(self) -> Dict[str, Any]:
         """``chat_template_kwargs`` as sent: thinking is always explicit, never the template's default."""
@@ -107,6 +116,17 @@ def _integer(section: Mapping[str, Any], name: str, default: Optional[int], mini
         raise _fail(f"generate.{name}", f"expected an integer, got {value!r}", f"set an integer >= {minimum}")
     if value < minimum:
         raise _fail(f"generate.{name}", f"{value!r} is below {minimum}", f"set an integer >= {minimum}")
+    return value
+
+
+def _concurrency(section: Mapping[str, Any]) -> Optional[int]:
+    """``auto`` (the default): None, the engine follows the workers' load; an integer >= 1: fixed, per server."""
+    value = section.get("concurrency", "auto")
+    if value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail("generate.concurrency", f"expected auto or an integer >= 1, got {value!r}",
+                    "write auto (follow the workers' queues) or a fixed number of requests in flight per server")
     return value
 
 
@@ -226,6 +246,11 @@ def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
     if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
         raise _fail("generate.api_key_env", f"expected an environment variable name, got {api_key_env!r}",
                     "name the variable holding the key (the key itself never goes in the config)")
+    concurrency_min = int(_integer(section, "concurrency_min", 8, 1) or 8)
+    concurrency_max = int(_integer(section, "concurrency_max", 1024, 1) or 1024)
+    if concurrency_max < concurrency_min:
+        raise _fail("generate.concurrency_max", f"{concurrency_max} is below concurrency_min {concurrency_min}",
+                    "raise concurrency_max or lower concurrency_min")
     backoff_base = _number(section, "backoff_base", 0.5, 0.0)
     backoff_max = _number(section, "backoff_max", 30.0, 0.0)
     if backoff_max < backoff_base:
@@ -238,7 +263,11 @@ def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
         chat_template_kwargs=kwargs,
         extra_body=extra_body,
         tool_choice=tool_choice,
-        concurrency=int(_integer(section, "concurrency", 128, 1) or 128),
+        concurrency=_concurrency(section),
+        concurrency_min=concurrency_min,
+        concurrency_max=concurrency_max,
+        queue_target=int(_integer(section, "queue_target", 8, 1) or 8),
+        load_interval=_number(section, "load_interval", 1.0, 0.05),
         retries=int(_integer(section, "retries", 8, 0) or 0),
         backoff_base=backoff_base,
         backoff_max=backoff_max,
