@@ -6,9 +6,13 @@ import json
 import time
 from typing import List
 
+from tests.support.paths import LAB_INVENTORY, TESTS
 from tests.support.ssh import attach
 
 WORK = "/srv/datagen/work"
+# The role's converge play (the datagen half alone) and the lab inventory's datagen settings.
+CONVERGE = TESTS / "integration" / "sglang_datagen" / "converge.yml"
+LAB_VARS_FILE = LAB_INVENTORY / "group_vars" / "training_containers.yml"
 
 
 def reset_pipeline(status: dict) -> None:

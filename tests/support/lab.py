@@ -9,9 +9,11 @@ reads it afresh; the ``lab`` fixture (tests/conftest.py) reads it once per test 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -98,3 +100,22 @@ def reboot_hang_fault(status: dict, vmid: str = MAIN_CT) -> Iterator[Path]:
         if (lab_status() or {}).get("containers", {}).get(MAIN_CT) != "running":
             lab_cli("up")
         trainer(DEFAULT_BEHAVIOUR)
+
+
+@contextlib.contextmanager
+def lab_lock(status: dict, timeout: float = 600) -> Iterator[None]:
+    """The lab's own operation lock (tests/lab/lab.py ``Lock``): no ``lab up|trainer`` changes CT200 meanwhile."""
+    path = status["lock_file"]
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < end, "the lab lock %s stayed busy for %ss" % (path, timeout)
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)

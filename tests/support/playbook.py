@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
-from tests.support.paths import ANSIBLE_CFG, BIN, PLAYBOOKS, ROOT
+from tests.support.paths import ANSIBLE_CFG, BIN, LAB_INVENTORY, PLAYBOOKS, ROOT
 
 PathLike = Union[str, Path]
 ExtraVars = Union[dict, str]
@@ -148,3 +148,14 @@ def read_until(proc: subprocess.Popen, needle: str, timeout: float = 300) -> str
         if time.monotonic() > deadline:
             break
     raise AssertionError("never saw %r; output:\n%s" % (needle, "".join(seen)[-4000:]))
+
+
+def run_adhoc(host: str, module: str, module_args: dict, inventory: PathLike = LAB_INVENTORY, check: bool = False,
+              options: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """``ansible HOST -i INVENTORY -m MODULE -a JSON [--check] OPTIONS`` from the checkout (an ad-hoc module run)."""
+    argv = [str(BIN / "ansible"), host, "-i", str(inventory), *options, "-m", module, "-a", json.dumps(module_args)]
+    if check:
+        argv.append("--check")
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT),
+                          env=ansible_env() if env is None else env, check=False)

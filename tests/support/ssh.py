@@ -24,18 +24,15 @@ def ssh_argv(status: dict, user: str = "root") -> List[str]:
             *SSH_OPTIONS, "-p", str(status["port"]), "%s@%s" % (user, status["host"])]
 
 
-def _remote(command: Union[str, List[str], tuple]) -> str:
-    # ssh hands the remote shell one string: an argv is quoted once for it, a string is shell text as is
-    return command if isinstance(command, str) else shlex.join(command)
-
-
-def on_host(status: dict, command: Union[str, List[str], tuple], user: str = "root", timeout: float = 60,
-            check: bool = False) -> subprocess.CompletedProcess:
-    """Run COMMAND (shell text, or an argv quoted once) on the PVE host as USER; with CHECK, rc 0 is asserted."""
-    done = subprocess.run(ssh_argv(status, user) + [_remote(command)], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+def on_host(status: dict, *command: str, user: str = "root", timeout: float = 120,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """COMMAND on the PVE host as USER: one string is shell text as is, several are an argv quoted once
+    (ssh hands the remote shell one string). With CHECK, rc 0 is asserted."""
+    remote = command[0] if len(command) == 1 else shlex.join(command)
+    done = subprocess.run(ssh_argv(status, user) + [remote], capture_output=True, text=True, timeout=timeout,
+                          check=False)
     if check:
-        assert done.returncode == 0, "%s on the PVE host: rc %s %s%s" % (command, done.returncode, done.stdout,
+        assert done.returncode == 0, "%s on the PVE host: rc %s %s%s" % (remote, done.returncode, done.stdout,
                                                                       done.stderr)
     return done
 
@@ -48,7 +45,7 @@ def pct_argv(vmid: Union[int, str], argv: List[str]) -> List[str]:
 def in_ct(status: dict, *argv: str, vmid: Union[int, str] = 200, timeout: float = 60,
           check: bool = True) -> subprocess.CompletedProcess:
     """ARGV inside container VMID through the PVE host (ssh + ``pct exec``); with CHECK, rc 0 is asserted."""
-    done = on_host(status, pct_argv(vmid, list(argv)), timeout=timeout)
+    done = on_host(status, *pct_argv(vmid, list(argv)), timeout=timeout, check=False)
     if check:
         assert done.returncode == 0, "pct exec %s %s: %s%s" % (vmid, argv, done.stdout, done.stderr)
     return done
