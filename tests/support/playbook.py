@@ -150,12 +150,24 @@ def read_until(proc: subprocess.Popen, needle: str, timeout: float = 300) -> str
     raise AssertionError("never saw %r; output:\n%s" % (needle, "".join(seen)[-4000:]))
 
 
-def run_adhoc(host: str, module: str, module_args: dict, inventory: PathLike = LAB_INVENTORY, check: bool = False,
+def run_adhoc(host: str, module: str, module_args: dict, inventory: Optional[PathLike] = LAB_INVENTORY,
+              check: bool = False,
               options: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
               timeout: float = 300) -> subprocess.CompletedProcess:
-    """``ansible HOST -i INVENTORY -m MODULE -a JSON [--check] OPTIONS`` from the checkout (an ad-hoc module run)."""
-    argv = [str(BIN / "ansible"), host, "-i", str(inventory), *options, "-m", module, "-a", json.dumps(module_args)]
+    """``ansible HOST -i INVENTORY -m MODULE -a JSON [--check] OPTIONS`` from the checkout (an ad-hoc module run;
+    INVENTORY None: Ansible's implicit localhost)."""
+    argv = [str(BIN / "ansible"), host, *(["-i", str(inventory)] if inventory is not None else []), *options,
+            "-m", module, "-a", json.dumps(module_args)]
     if check:
         argv.append("--check")
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT),
                           env=ansible_env() if env is None else env, check=False)
+
+
+def adhoc_json_result(done: subprocess.CompletedProcess, host: str) -> dict:
+    """HOST's result of an ad-hoc run made with the ``json`` callback (``ANSIBLE_STDOUT_CALLBACK=json``)."""
+    try:
+        return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"][host]
+    except ValueError:
+        raise AssertionError("ansible gave no JSON (rc %s): %s %s"
+                             % (done.returncode, done.stdout[-2000:], done.stderr[-2000:])) from None

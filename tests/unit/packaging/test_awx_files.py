@@ -16,14 +16,12 @@ top-level definition as is.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import built_collection as bc  # noqa: E402
+from tests.support import built_collection as bc
 
 
 def _git(cwd: Path, *args: str) -> str:

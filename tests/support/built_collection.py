@@ -16,11 +16,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from tests.support.paths import BIN, ROOT
+
 NAMESPACE, NAME = "gpuops", "repurpose"
 
 
