@@ -11,13 +11,10 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
-from trainer_harness import (  # noqa: E402
+from trainer_harness import (
     PYTHON,
     ROOT,
     TRAINER,
