@@ -92,11 +92,6 @@ def test_the_installed_collection_runs_the_playbook_and_a_rerun_changes_nothing(
 # ---------------------------------------------------------------- AWX: ansible-runner
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", *args], cwd=cwd,
-                          check=True, capture_output=True, text=True).stdout
-
-
 @pytest.fixture(scope="module")
 def private_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import yaml
@@ -107,16 +102,12 @@ def private_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # project sync: collections/requirements.yml, its git URL served from a repository of this tree
     repo = pdd.parent / (pdd.name + "-origin")
     shutil.copytree(project, repo, symlinks=True)
-    _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "snapshot")
+    bc.git_snapshot(repo)
     (entry,) = yaml.safe_load((project / "collections" / "requirements.yml").read_text())["collections"]
-    req = pdd.parent / (pdd.name + "-requirements.yml")
-    req.write_text(yaml.safe_dump({"collections": [dict(entry, name=f"file://{repo}", version="HEAD")]}))
     collections = pdd / "requirements_collections"
-    collections.mkdir()
-    subprocess.run([str(bc.BIN / "ansible-galaxy"), "collection", "install", "-r", str(req), "-p", str(collections)],
-                   cwd=project, env=bc.installed_env(collections), check=True, capture_output=True, text=True)
+    done = bc.install_requirements(entry, repo, "HEAD", pdd.parent / (pdd.name + "-requirements.yml"), collections,
+                                   cwd=project)
+    assert done.returncode == 0, done.stdout + done.stderr
     # the inventory as AWX imports it: --export keeps group_vars unrendered, hosts in groups
     exported = subprocess.run(
         [str(bc.BIN / "ansible-inventory"), "-i", str(INVENTORY), "--list", "--export"],

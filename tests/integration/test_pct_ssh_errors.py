@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.inventory import pct_ssh_hostvars as base_vars
-from tests.support.lab import lab_status
+from tests.support.lab import lab_status, require_stopped
 from tests.support.playbook import run_json_play
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
@@ -42,8 +42,7 @@ def cases(status: dict, tmp: Path) -> dict:
 @pytest.fixture(scope="module")
 def outcome(lab, tmp_path_factory):
     status = lab
-    if status["containers"].get("201") != "stopped":
-        pytest.skip("CT201 is not stopped (another test started it)")
+    require_stopped(status)
     tmp = tmp_path_factory.mktemp("pct_ssh_errors")
     table = cases(status, tmp)
     recorded = tmp / "recorded_known_hosts"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.inventory import openssh_hostvars
-from tests.support.lab import lab_status
+from tests.support.lab import lab_status, require_stopped
 from tests.support.playbook import run_json_play
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
@@ -21,8 +21,7 @@ HOSTILE = ["it's", "$HOME", "`id`", "a;b", "\u00e9t\u00e9 \u65e5\u672c", "200; r
 @pytest.fixture(scope="module")
 def results(lab, tmp_path_factory):
     status = lab
-    if status["containers"].get("201") != "stopped":
-        pytest.skip("CT201 is not stopped (another test started it)")
+    require_stopped(status)
     tmp = tmp_path_factory.mktemp("proxmox_ct_exec")
     hosts = {"pve": openssh_hostvars(status)}
     out = run_json_play(tmp, hosts, "proxmox_ct_exec", [{"it_argv": ["printf", "%s\\n"] + HOSTILE}], timeout=400)

@@ -31,7 +31,7 @@ from tests.support.ct200 import (
     pane_pids,
     trainer_pids,
 )
-from tests.support.lab import lab_status, restore_trainer, trainer
+from tests.support.lab import lab_status, require_stopped, restore_trainer, trainer
 from tests.support.paths import ROOT
 from tests.support.playbook import ansible_env, read_until, recap
 from tests.support.ssh import in_ct as ct
@@ -286,8 +286,7 @@ def test_concurrent_runs_one_fails_naming_the_holder_one_waits(lab):
 
 def test_stopped_container_is_reported_not_started_and_other_hosts_carry_on(lab, tmp_path):
     """CT201 (stopped) fails its own host only; CT200 in the same play is stopped as usual."""
-    if lab_status()["containers"].get("201") != "stopped":
-        pytest.skip("CT201 is not in its usual stopped state")
+    require_stopped(lab_status())
     trainer("graceful")
     extra = tmp_path / "ct201.yml"
     extra.write_text(json.dumps({"training_containers": {"hosts": {"ct201": {"proxmox_vmid": 201}}}}))

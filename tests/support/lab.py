@@ -65,6 +65,12 @@ def require_lab() -> dict:
     return status
 
 
+def require_stopped(status: dict, vmid: str = "201") -> None:
+    """Skip the calling test unless container VMID is stopped, as the lab leaves CT201 (another test may run it)."""
+    if status.get("containers", {}).get(vmid) != "stopped":
+        pytest.skip("CT%s is not stopped (another test started it)" % vmid)
+
+
 def lab_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """``tests/lab/lab ARGS``, output captured (only test_lab_cycle.py may pass ``down``: the lab is shared)."""
     return subprocess.run([str(LAB_CLI), *args], capture_output=True, text=True, timeout=timeout, check=False)

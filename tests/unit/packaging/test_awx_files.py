@@ -24,35 +24,20 @@ import yaml
 from tests.support import built_collection as bc
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", *args], cwd=cwd,
-                          check=True, capture_output=True, text=True).stdout
-
-
 @pytest.fixture(scope="module")
 def synced(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The collection installed the way AWX's project sync installs it; returns requirements_collections."""
     work = tmp_path_factory.mktemp("awx")
     repo = work / "repo"
     bc.copy_checkout(repo)
-    _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "snapshot")
-    commit = _git(repo, "rev-parse", "HEAD").strip()
+    commit = bc.git_snapshot(repo)
 
     requirements = yaml.safe_load((bc.ROOT / "collections" / "requirements.yml").read_text(encoding="utf-8"))
     (entry,) = requirements["collections"]
     assert entry["type"] == "git" and entry["name"].endswith("/repurpose.git"), entry
-    local = dict(entry, name=f"file://{repo}", version=commit)  # the same source kind, served locally
-    req_file = work / "requirements.yml"
-    req_file.write_text(yaml.safe_dump({"collections": [local]}), encoding="utf-8")
-
     collections = work / "requirements_collections"
-    collections.mkdir()
-    done = subprocess.run(
-        [str(bc.BIN / "ansible-galaxy"), "collection", "install", "-r", str(req_file), "-p", str(collections)],
-        cwd=work, env=bc.installed_env(collections), capture_output=True, text=True, check=False,
-    )
+    # the same source kind, served locally
+    done = bc.install_requirements(entry, repo, commit, work / "requirements.yml", collections, cwd=work)
     assert done.returncode == 0, done.stdout + done.stderr
     version = yaml.safe_load((bc.ROOT / "galaxy.yml").read_text(encoding="utf-8"))["version"]
     assert f"gpuops.repurpose:{version} was installed successfully" in done.stdout, done.stdout
