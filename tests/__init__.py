@@ -6,4 +6,6 @@ benchmark (``python -m tests.bench.bench_NAME``) or a support module can import
 ``ansible_collections.gpuops.repurpose``, ``datagen`` and the lab's helpers in any order.
 """
 
-from tests.support import paths as _paths  # noqa: F401
+from tests.support.paths import add_import_dirs
+
+add_import_dirs()

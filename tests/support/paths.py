@@ -4,7 +4,8 @@ The lab's helper programs (tests/lab/trainer, fakegpu, sglang_standin, tokenizer
 plain scripts that also run inside the containers, so they are not a package; the
 collection is imported as ``ansible_collections.gpuops.repurpose`` through the
 ``.collections`` symlink tree; the datagen package lives in the role's ``files/``.
-Importing this module makes all of them importable, once, in a fixed order.
+The ``tests`` package (tests/__init__.py) calls :func:`add_import_dirs` when it is
+first imported, so every ``from tests.support... import`` finds all of them, in a fixed order.
 """
 
 from __future__ import annotations
@@ -38,6 +39,3 @@ def add_import_dirs() -> None:
     missing = [str(d) for d in IMPORT_DIRS if str(d) not in sys.path]
     for entry in reversed(missing):
         sys.path.insert(0, entry)
-
-
-add_import_dirs()
