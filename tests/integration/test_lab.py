@@ -40,7 +40,7 @@ def pct(st: dict, *args: str, user: str = "root", timeout: float = 60) -> subpro
 
 def ensure_trainer(st: dict) -> dict:
     """Other suites stop the trainer on purpose; bring it back (graceful) when it is not running."""
-    if not lab_status().get("trainer", {}).get("running"):
+    if not (lab_status() or {}).get("trainer", {}).get("running"):
         trainer("graceful")
     return lab_status()
 
