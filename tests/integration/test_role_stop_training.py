@@ -286,7 +286,7 @@ def test_concurrent_runs_one_fails_naming_the_holder_one_waits(lab):
 
 def test_stopped_container_is_reported_not_started_and_other_hosts_carry_on(lab, tmp_path):
     """CT201 (stopped) fails its own host only; CT200 in the same play is stopped as usual."""
-    require_stopped(lab_status())
+    require_stopped(lab_status() or lab)
     trainer("graceful")
     extra = tmp_path / "ct201.yml"
     extra.write_text(json.dumps({"training_containers": {"hosts": {"ct201": {"proxmox_vmid": 201}}}}))
