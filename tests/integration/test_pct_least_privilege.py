@@ -25,18 +25,17 @@ step whose ``cmd`` starts with ``sudo -n /usr/sbin/pct``.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from tests.support.ct200 import ct_init_pid, ct_processes, decoy_pids, gpu_used, lock_holder, trainer_pids
 from tests.support.datagen import WORK, generated_rows, reset_pipeline, wait_pipeline_finished
 from tests.support.lab import lab_status, restore_trainer, trainer
-from tests.support.paths import ROOT
-from tests.support.playbook import ansible_env
+from tests.support.paths import LAB_INVENTORY
+from tests.support.playbook import run_playbook
 from tests.support.ssh import attach
 from tests.support.ssh import in_ct as ct
-from tests.support.stop_training import STUBBORN, argv
+from tests.support.stop_training import FAST, REPURPOSE_PLAYBOOK, STUBBORN
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
@@ -61,18 +60,14 @@ def play_json(extra: dict) -> tuple[int, dict, str]:
     A result of a step delegated to another host is filed under ct200 too (its
     ``_ansible_delegated_vars`` say where it ran).
     """
-    env = ansible_env(ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
-    done = subprocess.run(argv(dict(extra, **PVEOPS)), cwd=ROOT, env=env, capture_output=True, text=True, timeout=800, check=False)
-    try:
-        data = json.loads(done.stdout)
-    except ValueError:
-        raise AssertionError("no JSON (rc %s): %s %s" % (done.returncode, done.stdout[-3000:], done.stderr[-3000:])) from None
+    done = run_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, [FAST, dict(extra, **PVEOPS)], json_results=True,
+                        timeout=800)
     tasks: dict = {}
-    for play in data["plays"]:
+    for play in done.json["plays"]:
         for task in play["tasks"]:
             if "ct200" in task["hosts"]:
                 tasks.setdefault(task["task"]["name"], []).append(task["hosts"]["ct200"])
-    return done.returncode, tasks, done.stderr
+    return done.rc, tasks, done.stderr
 
 
 def task(tasks: dict, prefix: str) -> dict:

@@ -24,11 +24,13 @@ def ssh_argv(status: dict, user: str = "root") -> List[str]:
             *SSH_OPTIONS, "-p", str(status["port"]), "%s@%s" % (user, status["host"])]
 
 
-def on_host(status: dict, *command: str, user: str = "root", timeout: float = 120,
+def on_host(status: dict, *command: Union[str, List[str]], user: str = "root", timeout: float = 120,
             check: bool = True) -> subprocess.CompletedProcess:
-    """COMMAND on the PVE host as USER: one string is shell text as is, several are an argv quoted once
-    (ssh hands the remote shell one string). With CHECK, rc 0 is asserted."""
-    remote = command[0] if len(command) == 1 else shlex.join(command)
+    """COMMAND on the PVE host as USER: one string is shell text as is; several strings, or one list, are an
+    argv quoted once (ssh hands the remote shell one string). With CHECK, rc 0 is asserted."""
+    if len(command) == 1 and isinstance(command[0], (list, tuple)):  # an argv passed as one list
+        command = tuple(command[0])
+    remote = command[0] if len(command) == 1 and isinstance(command[0], str) else shlex.join(command)
     done = subprocess.run(ssh_argv(status, user) + [remote], capture_output=True, text=True, timeout=timeout,
                           check=False)
     if check:
