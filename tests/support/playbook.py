@@ -55,7 +55,7 @@ def playbook_argv(playbook: PathLike, inventory: PathLike, extra_vars: Sequence[
     return argv + list(args)
 
 
-def task_results(callback_json: dict, host: Optional[str] = None) -> dict:
+def task_results(callback_json: dict) -> dict:
     """From the ``ansible.posix.json`` callback: ``{task name: {host: result}}`` (later plays update earlier)."""
     out: dict = {}
     for play in callback_json["plays"]:
