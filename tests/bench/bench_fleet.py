@@ -21,8 +21,8 @@ The time scale is compressed: a request spends about 1-2 s in a worker here (ten
 answer), so the client reads the load every 0.1 s (``generate.load_interval``; 1 s by default) to keep the
 same ratio of reading interval to request time. Two shared cores: read ratios, not absolute numbers.
 
-    .venv/bin/python tests/bench/bench_fleet.py                # about 2 minutes
-    .venv/bin/python tests/bench/bench_fleet.py --only nodes --json fleet.json --check
+    .venv/bin/python -m tests.bench.bench_fleet                # about 2 minutes
+    .venv/bin/python -m tests.bench.bench_fleet --only nodes --json fleet.json --check
 """
 
 from __future__ import annotations
@@ -41,14 +41,12 @@ import urllib.request
 from typing import Dict, List, Tuple
 
 import yaml
+from harness import RouterProcess, StandinProcess
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FILES = os.path.join(ROOT, "roles", "sglang_datagen", "files")
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-sys.path.insert(0, FILES)
-from harness import RouterProcess, StandinProcess  # noqa: E402
+from datagen.gen.concurrency import parse_loads
+from tests.support.paths import DATAGEN_FILES
 
-from datagen.gen.concurrency import parse_loads  # noqa: E402
+FILES = str(DATAGEN_FILES)
 
 MODEL = "bench-model"
 # answers of 32..96 tokens (+ the stop token): batches do not finish in lockstep, as with real answer lengths

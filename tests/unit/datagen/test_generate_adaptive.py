@@ -11,17 +11,14 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 import threading
 import time
 import urllib.request
 
+from harness import RouterProcess, StandinProcess
+
 from datagen.gen.concurrency import parse_loads
 from datagen.generate import run_generate, settings_from_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import RouterProcess, StandinProcess  # noqa: E402
 
 CAPACITY = 8
 QUEUE_TARGET = 4

@@ -7,7 +7,6 @@ middle of them is the steady one, and every wait is bounded.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,10 +16,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import STANDIN, StandinProcess  # noqa: E402
+from harness import STANDIN, StandinProcess
 
 # every request samples 40 tokens + the stop token, one decode step (0.03 s here) each: over a second in the batch
 SLOW = ["--min-tokens", "40", "--max-natural-tokens", "40", "--token-latency", "0.03"]
