@@ -167,7 +167,7 @@ def run_generate(server: str, workers: List[str], concurrency, rows: int, window
 def bench_nodes(a: argparse.Namespace, tmp: str) -> dict:
     args = worker_args(a.node_capacity, 0.01, 0.0002)
     out = {}
-    workers = [StandinProcess(args, model=MODEL).start() for _ in range(2 * a.workers)]
+    workers = [StandinProcess(args, model=MODEL).start() for _index in range(2 * a.workers)]
     try:
         for nodes in (1, 2):
             group = workers[: nodes * a.workers]

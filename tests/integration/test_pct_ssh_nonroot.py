@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
 
 HOSTS = {"pveops_pipelined": True, "pveops_plain": False}
 
+
 @pytest.fixture(scope="module")
 def results(lab, tmp_path_factory):
     status = lab

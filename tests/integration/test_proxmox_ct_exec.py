@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
 HOSTILE = ["it's", "$HOME", "`id`", "a;b", "\u00e9t\u00e9 \u65e5\u672c", "200; reboot"]
 
+
 @pytest.fixture(scope="module")
 def results(lab, tmp_path_factory):
     status = lab

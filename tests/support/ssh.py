@@ -34,8 +34,8 @@ def on_host(status: dict, *command: Union[str, List[str]], user: str = "root", t
     done = subprocess.run(ssh_argv(status, user) + [remote], capture_output=True, text=True, timeout=timeout,
                           check=False)
     if check:
-        assert done.returncode == 0, "%s on the PVE host: rc %s %s%s" % (remote, done.returncode, done.stdout,
-                                                                      done.stderr)
+        assert done.returncode == 0, "%s on the PVE host: rc %s %s%s" % (
+            remote, done.returncode, done.stdout, done.stderr)
     return done
 
 

@@ -53,4 +53,3 @@ def play(extra: Optional[dict] = None, *args: str, timeout: float = 600) -> Tupl
 def start(extra: Optional[dict] = None, *args: str) -> subprocess.Popen:
     """The repurpose playbook in its own process group (killable like a cancelled AWX job)."""
     return start_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, _extra(extra), args)
-

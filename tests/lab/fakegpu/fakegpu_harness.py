@@ -24,7 +24,6 @@ FAKEGPU = os.path.join(HERE, "fakegpu.py")
 NVIDIA_SMI = os.path.join(HERE, "nvidia-smi")
 
 
-
 class FakeGpus:
     """A fakegpu state dir under ``base`` with its driver daemon; spawns and reaps holder processes."""
 

@@ -102,7 +102,7 @@ def test_auto_keeps_a_worker_at_capacity_with_a_short_queue(tmp_path):
 
 def test_auto_through_the_router_keeps_every_worker_busy(tmp_path):
     rows = 480
-    workers = [StandinProcess(WORKER).start() for _ in range(2)]
+    workers = [StandinProcess(WORKER).start() for _index in range(2)]
     try:
         # the role's policy: cache_aware keeps a worker's load up to --balance-abs-threshold (64) above another's
         with RouterProcess([w.url for w in workers], policy="cache_aware") as router:

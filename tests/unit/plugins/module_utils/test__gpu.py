@@ -206,7 +206,7 @@ def run_wait(busy_until, timeout=10.0, interval=1.0, delay=0.0, stable_for=1, pa
         return sample.at >= busy_until, {}
 
     waiter = _wait.Waiter(timeout=timeout, interval=interval, delay=delay, stable_for=stable_for,
-                         sleep=clock.sleep, clock=clock.clock)
+                          sleep=clock.sleep, clock=clock.clock)
     return waiter.wait(sample_fn, free_fn), calls, clock
 
 

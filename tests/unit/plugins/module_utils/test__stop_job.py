@@ -29,9 +29,8 @@ def params(**over):
 
 
 def test_launchers_first_orders_by_depth_then_pid():
-    sel = Selection({pid: m for pid, m in ((m.pid, m) for m in (member(30, 30, 1), member(20, 10, 0, "match"),
-                                                                  member(10, 10, 0, "match"), member(25, 10, 1)))},
-                    [], [])
+    members = (member(30, 30, 1), member(20, 10, 0, "match"), member(10, 10, 0, "match"), member(25, 10, 1))
+    sel = Selection({m.pid: m for m in members}, [], [])
     assert [(m.pid, m.depth) for m in _stop_job.launchers_first(sel)] == [(10, 0), (20, 0), (25, 1), (30, 1)]
 
 

@@ -642,8 +642,8 @@ class Engine:
                 # the end: no worker left and none to come (the input is out, or every pilot is through)
                 if not live and (self._exhausted or self.stopping or not waiting_pilots):
                     break
-                finished, _ = await asyncio.wait(live | waiting_pilots | {stop_wait},
-                                                 return_when=asyncio.FIRST_COMPLETED)
+                finished, _pending = await asyncio.wait(live | waiting_pilots | {stop_wait},
+                                                        return_when=asyncio.FIRST_COMPLETED)
                 if stop_wait in finished:
                     break
             if self._workers:  # stopping: let the requests in flight land, within the grace

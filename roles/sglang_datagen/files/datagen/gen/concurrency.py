@@ -34,6 +34,7 @@ Everything here is pure: the engine (``gen.client``) does the I/O.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Sequence, Tuple
@@ -100,7 +101,7 @@ def parse_loads(text: str) -> List[WorkerLoad]:
             number = float(value)
         except ValueError:
             continue
-        if number != number or number < 0:  # NaN, or nonsense
+        if math.isnan(number) or number < 0:  # NaN, or nonsense
             continue
         key = tuple(sorted((k, v) for k, v in _LABEL.findall(labels or "") if k not in _PART_LABELS))
         target[key] = target.get(key, 0.0) + number
