@@ -234,7 +234,7 @@ def acquire(path: str, run_id: str, owner: t.Mapping[str, t.Any], wait: float, e
             return result
         if check_mode:
             return {"changed": False, "acquired": False, "holder": held_by, "waited": 0.0, "would_wait": True,
-                    "msg": "lock %s is held by %s; a real run would wait up to %g s for it"
+                    "description": describe(held_by), "msg": "lock %s is held by %s; a real run would wait up to %g s for it"
                            % (path, describe(held_by), wait)}
         if deadline.expired():
             break

@@ -164,7 +164,7 @@ holder:
     expires_at: 1796119262.5
 description:
   description: The holder in one line for an operator (C(nobody) when the lock is free).
-  returned: state is read
+  returned: state is read, and in check mode when held by another run
   type: str
   sample: run 4242-20261201T080102-123456, AWX job 77, by awx on controller ctl1.example.internal (ansible-playbook pid 4242)
 waited:

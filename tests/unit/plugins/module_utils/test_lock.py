@@ -158,6 +158,7 @@ def test_check_mode_writes_nothing_and_says_what_a_run_would_do(path):
     out = acquire(path, "b", OWNER, 30, 100, check_mode=True)
     assert time.monotonic() - started < 5, "check mode never waits"
     assert out["would_wait"] and not out["acquired"] and not out["changed"] and "run a" in out["msg"]
+    assert out["description"].startswith("run a, AWX job 77")
     out = acquire(path, "b", OWNER, 0, 100, take_over="a", check_mode=True)
     assert out["changed"] and out["taken_over"]["holder"]["run_id"] == "a" and on_disk(path)["run_id"] == "a"
     out = release(path, "a", check_mode=True)
