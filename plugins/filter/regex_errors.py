@@ -2,41 +2,53 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""Filters for the roles' validation pass: misspelt variable names and regexes that do not compile.
-
-Their documentation is in unknown_variables.yml and regex_errors.yml next to this file.
-They run on the controller, so a validation pass needs no ``python -c`` of its own.
-"""
-
 from __future__ import annotations
 
-import difflib
 import json
 import re
 import typing as t
 
 from ansible.errors import AnsibleFilterError
 
-# difflib's default: close enough to be a typo, far enough that unrelated names are not suggested
-CUTOFF = 0.6
+DOCUMENTATION = r"""
+name: regex_errors
+version_added: 0.1.0
+author:
+  - gpuops.repurpose contributors (!UNKNOWN)
+short_description: Say which regular expressions do not compile, naming the variable and the fix
+description:
+  - Compiles every pattern with Python's C(re), as the modules do on the target, on the controller before anything
+    runs.
+  - Takes a mapping of variable name to a pattern or a list of patterns; an entry of a list is named
+    C(NAME[INDEX]). Empty patterns mean unset and are skipped.
+  - Returns one sentence per pattern that does not compile, with the compiler's reason.
+options:
+  _input:
+    description: Variable name to a pattern, or to a list of patterns.
+    type: dict
+    required: true
+"""
 
+EXAMPLES = r"""
+- name: Reject regexes that do not compile
+  ansible.builtin.fail:
+    msg: "{{ problems }}"
+  when: problems | length > 0
+  vars:
+    problems: "{{ {'stop_training_match': stop_training_match, 'stop_training_exclude': stop_training_exclude}
+                  | gpuops.repurpose.regex_errors }}"
 
-def _names(value: t.Any, option: str) -> list[str]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, t.Iterable):
-        raise AnsibleFilterError("%s: expected a list of variable names, got %s" % (option, type(value).__name__))
-    return [str(name) for name in value]
+# ['stop_training_match="torchrun (" is not a valid regular expression (missing ), unterminated subpattern at
+#   position 9); fix it (Python re syntax, in YAML single quotes so backslashes stay)']
+problems: "{{ {'stop_training_match': 'torchrun ('} | gpuops.repurpose.regex_errors }}"
+"""
 
-
-def unknown_variables(given: t.Any, known: t.Any) -> list[str]:
-    """One sentence per name in ``given`` that is not in ``known``, sorted, with the closest known name if any."""
-    known_names = _names(known, "known")
-    sentences = []
-    for name in sorted(set(_names(given, "_input")) - set(known_names)):
-        close = difflib.get_close_matches(name, known_names, n=1, cutoff=CUTOFF)
-        sentences.append("%s is not a variable of this role%s; it is ignored"
-                         % (name, " (did you mean %s?)" % close[0] if close else ""))
-    return sentences
-
+RETURN = r"""
+_value:
+  description: One sentence per pattern that does not compile; empty when all do.
+  type: list
+  elements: str
+"""
 
 def regex_errors(patterns: t.Any) -> list[str]:
     """One problem per pattern that Python's ``re`` does not compile; ``{name: [pattern, ...]}`` in, names out.
@@ -62,5 +74,7 @@ def regex_errors(patterns: t.Any) -> list[str]:
 
 
 class FilterModule:
+    """The validation pass's regex errors filter (runs on the controller)."""
+
     def filters(self) -> dict[str, t.Callable[..., t.Any]]:
-        return {"unknown_variables": unknown_variables, "regex_errors": regex_errors}
+        return {"regex_errors": regex_errors}

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.repurpose.plugins.filter.validation import regex_errors, unknown_variables
+from ansible_collections.gpuops.repurpose.plugins.filter.regex_errors import regex_errors
+from ansible_collections.gpuops.repurpose.plugins.filter.unknown_variables import unknown_variables
 
 ROOT = Path(__file__).resolve().parents[4]
 KNOWN = ["stop_training_tmux_session", "stop_training_match", "stop_training_exclude", "stop_training_vmid"]
