@@ -38,9 +38,11 @@ EXAMPLES = r"""
     problems: "{{ {'stop_training_match': stop_training_match, 'stop_training_exclude': stop_training_exclude}
                   | gpuops.repurpose.regex_errors }}"
 
-# ['stop_training_match="torchrun (" is not a valid regular expression (missing ), unterminated subpattern at
-#   position 9); fix it (Python re syntax, in YAML single quotes so backslashes stay)']
-problems: "{{ {'stop_training_match': 'torchrun ('} | gpuops.repurpose.regex_errors }}"
+- name: One sentence per pattern that does not compile
+  ansible.builtin.set_fact:
+    # ['stop_training_match="torchrun (" is not a valid regular expression (missing ), unterminated subpattern at
+    #   position 9); fix it (Python re syntax, in YAML single quotes so backslashes stay)']
+    problems: "{{ {'stop_training_match': 'torchrun ('} | gpuops.repurpose.regex_errors }}"
 """
 
 RETURN = r"""

@@ -44,8 +44,10 @@ EXAMPLES = r"""
     known_names: "{{ (lookup('ansible.builtin.file', role_path ~ '/meta/argument_specs.yml') | from_yaml)
                      .argument_specs.main.options.keys() | list }}"
 
-# ['stop_training_tmux_sesion is not a variable of this role (did you mean stop_training_tmux_session?); it is ignored']
-unknown: "{{ ['stop_training_tmux_sesion'] | gpuops.repurpose.unknown_variables(['stop_training_tmux_session']) }}"
+- name: One sentence per unknown name
+  ansible.builtin.set_fact:
+    # ['stop_training_tmux_sesion is not a variable of this role (did you mean stop_training_tmux_session?); it is ignored']
+    unknown: "{{ ['stop_training_tmux_sesion'] | gpuops.repurpose.unknown_variables(['stop_training_tmux_session']) }}"
 """
 
 RETURN = r"""
