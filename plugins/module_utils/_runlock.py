@@ -19,6 +19,9 @@ Next to the lock, ``<key>.json`` holds the record of the last ladder: written
 ``running`` before its first signal and its outcome when it ends, so the next
 run reports what happened even when nobody was watching (a record still
 ``running`` whose process is gone is a ladder that was killed part-way).
+
+The lock files, the bounded ``flock`` and the atomic records are ``_lock``'s
+(shared with the ``run_lock`` module); this file adds what is the ladder's own.
 """
 
 from __future__ import annotations
