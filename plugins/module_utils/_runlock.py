@@ -19,19 +19,27 @@ Next to the lock, ``<key>.json`` holds the record of the last ladder: written
 ``running`` before its first signal and its outcome when it ends, so the next
 run reports what happened even when nobody was watching (a record still
 ``running`` whose process is gone is a ladder that was killed part-way).
+
+The lock files, the bounded ``flock`` and the atomic records are ``_lock``'s
+(shared with the ``run_lock`` module); this file adds what is the ladder's own.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
 import os
 import time
 import typing as t
 
-POLL_S = 0.2
+from ansible_collections.gpuops.repurpose.plugins.module_utils._lock import (
+    LockError,
+    flock_within,
+    open_lock_file,
+    pid_alive,
+    read_record,
+    write_record,
+)
 
 
 class RunLockError(Exception):
@@ -53,29 +61,6 @@ def describe_holder(holder: t.Mapping[str, t.Any] | None, now: float) -> str:
         max(0, int(now - holder.get("started", now))), holder.get("selection", "?"))
 
 
-def read_json(path: str) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            value = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def write_json(path: str, value: t.Mapping[str, t.Any]) -> None:
-    """Atomically (tmp + rename), so a reader never sees half a record."""
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(value, handle, sort_keys=True, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.rename(tmp, path)
-
-
-def pid_alive(pid: t.Any, proc_root: str = "/proc") -> bool:
-    return isinstance(pid, int) and pid > 0 and os.path.exists("%s/%d" % (proc_root, pid))
-
-
 class RunLock:
     """``flock`` on ``<dir>/<key>.lock`` held for the module's life; ``<key>.json`` is the last ladder's record."""
 
@@ -91,34 +76,30 @@ class RunLock:
         self.waited_for: str = ""  # who held it when we started waiting
 
     def holder(self) -> dict | None:
-        return read_json(self.lock_path)
+        return read_record(self.lock_path)
 
     def acquire(self, timeout: float, me: t.Mapping[str, t.Any]) -> None:
         """Take the lock, waiting at most ``timeout`` seconds; RunLockError names the holder."""
         try:
-            os.makedirs(self.directory, mode=0o755, exist_ok=True)
-            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise RunLockError("lock_dir: cannot create %s (%s); give a writable directory (the module runs as %s)"
-                               % (self.lock_path, exc.strerror or exc, os.geteuid())) from None
+            fd = open_lock_file(self.lock_path, "lock_dir")
+        except LockError as exc:
+            raise RunLockError(str(exc)) from None
+
+        def note_holder() -> None:  # who held it when we started waiting
+            self.waited_for = describe_holder(self.holder(), self.wall())
+
         started = self.clock()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    os.close(fd)
-                    raise RunLockError("lock_dir: cannot lock %s (%s)" % (self.lock_path, exc.strerror or exc)) from None
-            if not self.waited_for:
-                self.waited_for = describe_holder(self.holder(), self.wall())
-            if self.clock() - started >= timeout:
-                os.close(fd)
-                raise RunLockError(
-                    "another ladder is still running for this selection: %s; waited %gs (lock_timeout). Nothing was "
-                    "signalled by this run. Wait for it, or raise lock_timeout." % (
-                        describe_holder(self.holder(), self.wall()), timeout))
-            time.sleep(POLL_S)
+        try:
+            taken = flock_within(fd, timeout, on_busy=note_holder, clock=self.clock)
+        except OSError as exc:
+            os.close(fd)
+            raise RunLockError("lock_dir: cannot lock %s (%s)" % (self.lock_path, exc.strerror or exc)) from None
+        if not taken:
+            os.close(fd)
+            raise RunLockError(
+                "another ladder is still running for this selection: %s; waited %gs (lock_timeout). Nothing was "
+                "signalled by this run. Wait for it, or raise lock_timeout." % (
+                    describe_holder(self.holder(), self.wall()), timeout))
         self.waited = self.clock() - started
         self.fd = fd
         # the holder's description, for whoever waits next (written in place: only the holder writes it)
@@ -127,13 +108,13 @@ class RunLock:
 
     def previous(self) -> dict | None:
         """The last ladder's record; one still ``running`` whose process is gone was killed part-way."""
-        record = read_json(self.state_path)
+        record = read_record(self.state_path)
         if record and record.get("state") == "running" and not pid_alive(record.get("pid")):
             record["state"] = "interrupted"
         return record
 
     def record(self, value: t.Mapping[str, t.Any]) -> None:
-        write_json(self.state_path, value)
+        write_record(self.state_path, value)
 
     def release(self) -> None:
         if self.fd is not None:

@@ -2,34 +2,47 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The stop_training role's run lock (roles/stop_training/files/stop_training_lock.py), run as the role runs it.
+"""The stop_training role's run lock (gpuops.repurpose.run_lock), run as the role runs it.
 
-The role passes the file's text to ``python3 -c`` on the target; these tests do
-the same with real processes and real files (no lab needed).
+Real ``ansible`` processes on this host (no lab needed): the action plugin reads
+the controller's identity and proves a holder's controller process gone, the
+module takes, waits for and releases the lock file. The lease logic itself is
+tested in tests/unit/plugins/module_utils/test_lock.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-SCRIPT = (Path(__file__).resolve().parents[2] / "roles" / "stop_training" / "files" / "stop_training_lock.py").read_text()
+from ansible_collections.gpuops.repurpose.plugins.module_utils._lock import acquire, controller_identity
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE = Path(sys.executable).parent / "ansible"
 
 
-def lock(*args: str, timeout: float = 60) -> tuple[int, dict]:
-    done = subprocess.run([sys.executable, "-c", SCRIPT, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, check=False)
-    return done.returncode, json.loads(done.stdout)
+def run_lock(tmp_path: Path, args: dict, check: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
+    """One ``ansible localhost -m gpuops.repurpose.run_lock`` (a new controller process each time)."""
+    tree = tmp_path / ("tree-%d" % len(list(tmp_path.glob("tree-*"))))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+               ANSIBLE_CALLBACKS_ENABLED="ansible.builtin.tree", ANSIBLE_CALLBACK_TREE_DIR=str(tree),
+               ANSIBLE_NOCOLOR="1")
+    argv = [str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local", "-m", "gpuops.repurpose.run_lock",
+            "-a", json.dumps(args), "-e", "ansible_python_interpreter=%s" % sys.executable, "-e", "awx_job_id=77"]
+    done = subprocess.run(argv + (["--check"] if check else []), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+    result_file = tree / "localhost"
+    assert result_file.exists(), "no result (rc %s):\n%s\n%s" % (done.returncode, done.stdout, done.stderr)
+    return done, json.loads(result_file.read_text())
 
 
-def holder(run_id: str, **extra) -> str:
-    return json.dumps(dict({"run_id": run_id, "controller": "ctl.example.internal", "controller_pid": 4242,
-                            "user": "awx", "awx_job_id": "77"}, **extra))
+def on_disk(path: str) -> dict | None:
+    return json.loads(Path(path).read_text()) if Path(path).exists() else None
 
 
 @pytest.fixture
@@ -37,80 +50,62 @@ def path(tmp_path):
     return str(tmp_path / "run" / "stop_training.lock")
 
 
-def test_acquire_release_and_reenter(path):
-    rc, out = lock("acquire", path, holder("a"), 0, 100)
-    assert rc == 0 and out["acquired"] and out["changed"]
-    assert json.loads(Path(path).read_text())["run_id"] == "a"
-    rc, out = lock("acquire", path, holder("a"), 0, 100)
-    assert rc == 0 and out["reentered"] and not out["changed"]
-    rc, out = lock("release", path, "a")
-    assert rc == 0 and out["released"]
-    assert not Path(path).exists()
-    rc, out = lock("release", path, "a")
-    assert rc == 0 and not out["released"]
+def test_acquire_reenter_and_release_only_your_own(tmp_path, path):
+    done, out = run_lock(tmp_path, {"path": path, "timeout": 0})
+    assert done.returncode == 0 and out["acquired"] and out["changed"]
+    holder = on_disk(path)
+    assert holder["run_id"] == out["run_id"] and holder["run_id"].startswith("%d-" % holder["controller_pid"])
+    assert holder["controller"] == os.uname().nodename and holder["awx_job_id"] == "77"
+    assert holder["controller_pid"] > 1 and isinstance(holder["controller_started"], int)
+    run_id = out["run_id"]
+    # The same run (the restart rung takes it again) changes nothing; its holder record stays.
+    done, out = run_lock(tmp_path, {"path": path, "run_id": run_id, "timeout": 0})
+    assert done.returncode == 0 and out["reentered"] and not out["changed"] and on_disk(path) == holder
+    done, out = run_lock(tmp_path, {"path": path, "state": "released", "run_id": "someone-else"})
+    assert done.returncode == 0 and not out["released"] and on_disk(path) == holder, "never another run's lock"
+    done, out = run_lock(tmp_path, {"path": path, "state": "released", "run_id": run_id})
+    assert done.returncode == 0 and out["released"] and on_disk(path) is None
 
 
-def test_second_run_fails_after_bounded_wait_naming_the_holder(path):
-    lock("acquire", path, holder("a"), 0, 100)
-    rc, out = lock("acquire", path, holder("b"), 0.5, 100)
-    assert rc == 3 and not out["acquired"]
-    assert out["waited"] >= 0.5
-    assert "run a" in out["msg"] and "AWX job 77" in out["msg"] and "pid 4242" in out["msg"]
-    assert json.loads(Path(path).read_text())["run_id"] == "a"
-    rc, out = lock("release", path, "b")
-    assert not out["released"] and Path(path).exists(), "a run never removes another run's lock"
+def test_a_live_run_makes_the_next_fail_after_the_bounded_wait_naming_it(tmp_path, path):
+    # The holder: this test process, on this controller, alive for the whole test.
+    me = dict(controller_identity(os.getpid(), os.uname().nodename), user="awx", awx_job_id="41")
+    acquire(path, "live-run", me, 0, 100)
+    done, out = run_lock(tmp_path, {"path": path, "timeout": 0.5})
+    assert done.returncode != 0 and not out["acquired"]
+    assert out["waited"] >= 0.5 and out["holder"]["run_id"] == "live-run"
+    assert "run live-run, AWX job 41" in out["msg"] and "ansible-playbook pid %d" % os.getpid() in out["msg"]
+    assert on_disk(path)["run_id"] == "live-run"
+    # Check mode neither waits nor writes; it says a real run would wait, and for whom.
+    done, out = run_lock(tmp_path, {"path": path, "timeout": 300}, check=True)
+    assert done.returncode == 0 and out["would_wait"] and not out["acquired"]
+    assert out["description"].startswith("run live-run, AWX job 41")
 
 
-def test_second_run_waits_and_gets_the_lock_when_the_first_releases(path):
-    lock("acquire", path, holder("a"), 0, 100)
-    waiter = subprocess.Popen([sys.executable, "-c", SCRIPT, "acquire", path, holder("b"), "30", "100"],
-                              stdout=subprocess.PIPE, text=True)
-    time.sleep(1.0)
-    assert waiter.poll() is None, "the second run must wait while the first holds the lock"
-    lock("release", path, "a")
-    out = waiter.communicate(timeout=30)[0]
-    assert waiter.returncode == 0
-    result = json.loads(out)
-    assert result["acquired"] and result["waited"] >= 0.9
-    assert json.loads(Path(path).read_text())["run_id"] == "b"
+def test_a_run_killed_on_this_controller_is_taken_over_at_once(tmp_path, path):
+    # The first run takes the lock and its controller process ends without releasing it.
+    done, first = run_lock(tmp_path, {"path": path, "timeout": 0, "expiry": 3600})
+    assert done.returncode == 0 and first["acquired"]
+    done, out = run_lock(tmp_path, {"path": path, "timeout": 0, "expiry": 3600})
+    assert done.returncode == 0 and out["acquired"] and out["run_id"] != first["run_id"]
+    assert out["taken_over"]["holder"]["run_id"] == first["run_id"]
+    assert out["taken_over"]["reason"] == "its ansible-playbook process (pid %d on %s) is gone" % (
+        first["holder"]["controller_pid"], os.uname().nodename)
 
 
-def test_racing_runs_never_both_win(path):
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, "acquire", path, holder("r%d" % i), "0", "100"],
-                              stdout=subprocess.PIPE, text=True) for i in range(6)]
-    results = [(p.wait(30), json.loads(p.stdout.read())) for p in procs]
-    winners = [r for rc, r in results if rc == 0]
-    assert len(winners) == 1
-    assert json.loads(Path(path).read_text())["run_id"] == winners[0]["holder"]["run_id"]
+def test_a_dead_run_of_another_controller_is_left_to_expire(tmp_path, path):
+    # Its PID means nothing here: only its own controller could prove it gone.
+    acquire(path, "elsewhere", {"controller": "ctl2.example.internal", "controller_pid": 4242, "user": "awx"}, 0, 100)
+    done, out = run_lock(tmp_path, {"path": path, "timeout": 0})
+    assert done.returncode != 0 and "run elsewhere" in out["msg"] and on_disk(path)["run_id"] == "elsewhere"
 
 
-def test_stale_locks_are_taken_over_and_say_why(path):
-    lock("acquire", path, holder("old"), 0, 0.2)
-    time.sleep(0.4)
-    rc, out = lock("acquire", path, holder("new"), 0, 100)
-    assert rc == 0 and out["taken_over"]["holder"]["run_id"] == "old"
-    assert "expired" in out["taken_over"]["reason"]
-    # A run proven dead by the controller (break id) is taken over at once.
-    rc, out = lock("acquire", path, holder("newer"), 0, 100, "new")
-    assert rc == 0 and "is gone" in out["taken_over"]["reason"]
-    # A break id that names someone else does not break a live lock.
-    rc, out = lock("acquire", path, holder("x"), 0, 100, "not-the-holder")
-    assert rc == 3
-
-
-def test_a_torn_lock_file_never_wedges_the_target(path):
-    Path(path).parent.mkdir(parents=True)
-    Path(path).write_text('{"run_id": "half')
-    rc, out = lock("acquire", path, holder("a"), 0, 100)
-    assert rc == 0 and out["taken_over"]["reason"] == "unreadable lock file"
-
-
-@pytest.mark.parametrize("args", [
-    ("acquire", "/tmp/x.lock", "not json", "0", "10"),
-    ("acquire", "/tmp/x.lock", '{"no_run_id": 1}', "0", "10"),
-    ("acquire", "/tmp/x.lock", '{"run_id": "a"}', "-1", "10"),
-    ("frobnicate",),
+@pytest.mark.parametrize("args, message", [
+    ({"timeout": -1}, "timeout: must be >= 0"),
+    ({"expiry": 0}, "expiry: must be > 0"),
+    ({"state": "released"}, "run_id"),
 ])
-def test_bad_usage_is_rc_2_with_a_message(args):
-    rc, out = lock(*args)
-    assert rc == 2 and out["failed"] and out["msg"]
+def test_bad_input_fails_naming_the_option(tmp_path, path, args, message):
+    done, out = run_lock(tmp_path, dict({"path": path}, **args))
+    assert done.returncode != 0 and message in out["msg"]
+    assert on_disk(path) is None

@@ -1,0 +1,82 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+import json
+import re
+import typing as t
+
+from ansible.errors import AnsibleFilterError
+
+DOCUMENTATION = r"""
+name: regex_errors
+version_added: 0.1.0
+author:
+  - gpuops.repurpose contributors (!UNKNOWN)
+short_description: Say which regular expressions do not compile, naming the variable and the fix
+description:
+  - Compiles every pattern with Python's C(re), as the modules do on the target, on the controller before anything
+    runs.
+  - Takes a mapping of variable name to a pattern or a list of patterns; an entry of a list is named
+    C(NAME[INDEX]). Empty patterns mean unset and are skipped.
+  - Returns one sentence per pattern that does not compile, with the compiler's reason.
+options:
+  _input:
+    description: Variable name to a pattern, or to a list of patterns.
+    type: dict
+    required: true
+"""
+
+EXAMPLES = r"""
+- name: Reject regexes that do not compile
+  ansible.builtin.fail:
+    msg: "{{ problems }}"
+  when: problems | length > 0
+  vars:
+    problems: "{{ {'stop_training_match': stop_training_match, 'stop_training_exclude': stop_training_exclude}
+                  | gpuops.repurpose.regex_errors }}"
+
+- name: One sentence per pattern that does not compile
+  ansible.builtin.set_fact:
+    # ['stop_training_match="torchrun (" is not a valid regular expression (missing ), unterminated subpattern at
+    #   position 9); fix it (Python re syntax, in YAML single quotes so backslashes stay)']
+    problems: "{{ {'stop_training_match': 'torchrun ('} | gpuops.repurpose.regex_errors }}"
+"""
+
+RETURN = r"""
+_value:
+  description: One sentence per pattern that does not compile; empty when all do.
+  type: list
+  elements: str
+"""
+
+def regex_errors(patterns: t.Any) -> list[str]:
+    """One problem per pattern that Python's ``re`` does not compile; ``{name: [pattern, ...]}`` in, names out.
+
+    A name with several patterns is reported as ``name[index]``; empty patterns mean "unset" and are skipped.
+    """
+    if not isinstance(patterns, t.Mapping):
+        raise AnsibleFilterError("_input: expected a mapping of variable name to pattern or list of patterns, got %s"
+                                 % type(patterns).__name__)
+    problems = []
+    for name, value in patterns.items():
+        several = not isinstance(value, str) and isinstance(value, t.Iterable)
+        for index, pattern in enumerate(value if several else [value]):
+            if not pattern:
+                continue
+            try:
+                re.compile(str(pattern))
+            except re.error as exc:
+                where = "%s[%d]" % (name, index) if several else str(name)
+                problems.append("%s=%s is not a valid regular expression (%s); fix it (Python re syntax, "
+                                "in YAML single quotes so backslashes stay)" % (where, json.dumps(str(pattern)), exc))
+    return problems
+
+
+class FilterModule:
+    """The validation pass's regex errors filter (runs on the controller)."""
+
+    def filters(self) -> dict[str, t.Callable[..., t.Any]]:
+        return {"regex_errors": regex_errors}
