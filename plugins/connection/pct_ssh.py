@@ -438,18 +438,18 @@ all:
 #         ansible_pct_ssh_command_timeout: 7200
 """
 
-import getpass  # noqa: E402
-import os  # noqa: E402
-import stat  # noqa: E402
-import typing as t  # noqa: E402
+import getpass
+import os
+import stat
+import typing as t
 
-from ansible.errors import AnsibleAuthenticationFailure, AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound  # noqa: E402
-from ansible.module_utils.common.text.converters import to_bytes, to_text  # noqa: E402
-from ansible.plugins.connection import ConnectionBase  # noqa: E402
-from ansible.utils.display import Display  # noqa: E402
+from ansible.errors import AnsibleAuthenticationFailure, AnsibleConnectionFailure, AnsibleError, AnsibleFileNotFound
+from ansible.module_utils.common.text.converters import to_bytes, to_text
+from ansible.plugins.connection import ConnectionBase
+from ansible.utils.display import Display
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh, _pct_ssh_vars  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh, _pct_ssh_vars
 
 display = Display()
 

@@ -32,3 +32,12 @@ attributes:
     description: Target OS/families that can be operated against.
     support: N/A
 """
+
+    # For modules with an action plugin that does part of the work on the controller
+    ACTION = r"""
+options: {}
+attributes:
+  action:
+    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on
+      the controller.
+"""

@@ -268,11 +268,11 @@ history:
   elements: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_free import wait_free  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import DEFAULT_DEVICE_PATHS  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_free import wait_free
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import DEFAULT_DEVICE_PATHS
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
 
 
 def main():

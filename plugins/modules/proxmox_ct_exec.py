@@ -210,10 +210,10 @@ msg:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_exec import exec_in_container  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_PCT_PATH, DEFAULT_SHELL  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_exec import exec_in_container
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_PCT_PATH, DEFAULT_SHELL
 
 
 def main() -> None:

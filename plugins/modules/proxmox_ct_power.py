@@ -149,10 +149,10 @@ msg:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_power import OPERATIONS, power  # noqa: E402
-from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_PCT_PATH  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_power import OPERATIONS, power
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_PCT_PATH
 
 
 def main() -> None:

@@ -73,21 +73,22 @@ options:
         when the holder's controller process is proven gone on this controller. A live holder is never taken
         over because of it.
     type: str
+extends_documentation_fragment:
+  - gpuops.repurpose.attributes
+  - gpuops.repurpose.attributes.ACTION
+  - gpuops.repurpose.attributes.PLATFORM
 attributes:
   action:
-    description: Indicates this has a corresponding action plugin so some parts of the options can be executed on
-      the controller.
     support: full
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: In check mode nothing is written and nothing waited for; RV(would_wait) says a real run would wait.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff
-      mode.
     support: none
+  idempotent:
+    support: full
+    details: Taking a lock that O(run_id) already holds, or releasing one it does not hold, changes nothing.
   platform:
-    description: Target OS/families that can be operated against.
     support: full
     platforms: posix
 seealso:
@@ -196,9 +197,9 @@ msg:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._lock import (  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._lock import (
     LockError,
     LockHeld,
     acquire,

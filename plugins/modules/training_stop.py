@@ -382,11 +382,11 @@ elapsed:
   sample: 3.62
 """
 
-import time  # noqa: E402
+import time
 
-from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job import SELECTORS, stop_job  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job import SELECTORS, stop_job
 
 # type raw: a signal is a name or a number, and a timeout given as a bool or a word gets the ladder's own error
 # (naming the rung and the fix) rather than being read as 1.0; _ladder.parse_ladder checks both
