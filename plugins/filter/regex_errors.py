@@ -52,6 +52,7 @@ _value:
   elements: str
 """
 
+
 def regex_errors(patterns: t.Any) -> list[str]:
     """One problem per pattern that Python's ``re`` does not compile; ``{name: [pattern, ...]}`` in, names out.
 

@@ -233,9 +233,9 @@ def acquire(path: str, run_id: str, owner: t.Mapping[str, t.Any], wait: float, e
                 result["waited_for_other_run"] = True
             return result
         if check_mode:
+            msg = "lock %s is held by %s; a real run would wait up to %g s for it" % (path, describe(held_by), wait)
             return {"changed": False, "acquired": False, "holder": held_by, "waited": 0.0, "would_wait": True,
-                    "description": describe(held_by), "msg": "lock %s is held by %s; a real run would wait up to %g s for it"
-                           % (path, describe(held_by), wait)}
+                    "description": describe(held_by), "msg": msg}
         if deadline.expired():
             break
         time.sleep(min(POLL_S, max(0.01, deadline.remaining())))

@@ -93,9 +93,9 @@ attributes:
     platforms: posix
 seealso:
   - module: gpuops.repurpose.training_stop
-  - role: gpuops.repurpose.stop_training
-    description: Takes this lock around its stop-verify-kill ladder and releases it whatever happens.
 notes:
+  - The role C(gpuops.repurpose.stop_training) takes this lock around its stop-verify-kill ladder and releases it
+    whatever happens.
   - Runs on the target with the standard library only (Python 3.9 or later); the controller's identity is read
     on the controller by the action plugin.
 """

@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 FRAGMENTS = sorted((ROOT / "changelogs" / "fragments").glob("*.y*ml"))
 CONFIG = yaml.safe_load((ROOT / "changelogs" / "config.yaml").read_text())
 RELEASES = yaml.safe_load((ROOT / "changelogs" / "changelog.yaml").read_text()).get("releases") or {}
-SECTIONS = {name for name, _title in CONFIG["sections"]} | {CONFIG["trivial_section_name"],
-                                                             CONFIG["prelude_section_name"]}
+SECTIONS = {name for name, _title in CONFIG["sections"]} | {CONFIG["trivial_section_name"], CONFIG["prelude_section_name"]}
 ONLY_AFTER_A_RELEASE = {"bugfixes", "security_fixes", "breaking_changes", "deprecated_features", "removed_features"}
 MAX_CHARS = 250
 ANNOUNCES_NEW = re.compile(r"^\W*(new|add(ed|s)?)\s+(\S+\s+)?(module|plugin|filter|lookup|connection|role|playbook)s?\b",

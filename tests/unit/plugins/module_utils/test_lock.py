@@ -86,8 +86,8 @@ def test_acquire_release_and_reenter(path):
     assert on_disk(path)["expires_at"] - on_disk(path)["acquired_at"] == 100
     out = acquire(path, "a", OWNER, 0, 100)
     assert out["reentered"] and out["acquired"] and not out["changed"]
-    assert read(path)["description"].startswith("run a, AWX job 77, by awx on controller ctl.example.internal "
-                                                 "(ansible-playbook pid 4242), since ")
+    assert read(path)["description"].startswith(
+        "run a, AWX job 77, by awx on controller ctl.example.internal (ansible-playbook pid 4242), since ")
     out = release(path, "a")
     assert out["released"] and out["changed"] and not Path(path).exists()
     out = release(path, "a")
