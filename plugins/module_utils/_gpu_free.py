@@ -86,10 +86,15 @@ def wait_free(p: t.Mapping[str, t.Any], check_mode: bool = False,
     module should warn about (GPUs free, but device files still open).
     """
     backend = None
+    waiter: Waiter = CheckModeWaiter() if check_mode else Waiter(
+        timeout=p["timeout"], interval=p["interval"], delay=p["delay"], stable_for=p["stable_for"])
     try:
         wanted = validate_options(p["gpus"], p["max_used_mib"], p["stable_for"], p["timeout"], p["interval"],
                                   p["delay"], p["container"])
-        backend = open_backend(p["backend"], p["nvidia_smi_path"], call_timeout=min(30.0, max(5.0, p["timeout"])))
+        call_timeout = min(30.0, max(5.0, p["timeout"]))
+        # O(timeout) is the whole wait: a call to a hung nvidia-smi started late never runs past it
+        backend = open_backend(p["backend"], p["nvidia_smi_path"],
+                               call_timeout=lambda: max(0.5, min(call_timeout, waiter.remaining())))
         last_discount: dict[str, int] = {}
 
         def free_fn(sample: Sample) -> tuple[bool, dict[int, int]]:
@@ -104,10 +109,6 @@ def wait_free(p: t.Mapping[str, t.Any], check_mode: bool = False,
             return judge(selected, discount, p["max_used_mib"]), {g.index: counted_mib(g, discount) for g in selected}
 
         holders_before = scan_holders(p["device_paths"], exclude_pids={os.getpid()})
-        if check_mode:
-            waiter: Waiter = CheckModeWaiter()
-        else:
-            waiter = Waiter(timeout=p["timeout"], interval=p["interval"], delay=p["delay"], stable_for=p["stable_for"])
         result = waiter.wait(backend.sample, free_fn)
         selected = select_gpus(result.last.gpus, wanted)
         counted, ignored, foreign = classified(scan_holders(p["device_paths"], exclude_pids={os.getpid()}),
@@ -116,7 +117,8 @@ def wait_free(p: t.Mapping[str, t.Any], check_mode: bool = False,
         report = gpu_report(result.first, result.last, selected, last_discount, p["max_used_mib"])
         notes = list(getattr(backend, "notes", [])) + [n for n in result.last.notes if n]
     except GpuError as exc:
-        return dict(failed=True, msg=str(exc), free=False, elapsed=0.0, samples=0, backend_notes=[])
+        return dict(failed=True, msg=str(exc), free=False, elapsed=round(waiter.elapsed(), 3), samples=waiter.samples,
+                    backend_notes=[])
     finally:
         if backend is not None:
             backend.close()

@@ -65,12 +65,20 @@ class NvidiaSmiBackend:
 
     name = "nvidia_smi"
 
-    def __init__(self, path: str, runner: Runner = run_command, call_timeout: float = 30.0) -> None:
+    def __init__(self, path: str, runner: Runner = run_command,
+                 call_timeout: t.Union[float, t.Callable[[], float]] = 30.0) -> None:
         self.path = path
         self.runner = runner
-        self.call_timeout = call_timeout
+        # a number, or a callable giving the bound for the next call (the wait's time left, so one call to a
+        # hung driver never runs past the whole wait's timeout)
+        self._call_timeout = call_timeout
         self._prefetch: t.Optional[subprocess.Popen] = None
         self._want_processes = False
+
+    @property
+    def call_timeout(self) -> float:
+        bound = self._call_timeout
+        return float(bound() if callable(bound) else bound)
 
     def gpus(self) -> list[GpuInfo]:
         rc, out, err = self.runner(gpu_query_argv(self.path), self.call_timeout)
@@ -106,11 +114,12 @@ class NvidiaSmiBackend:
         self._want_processes = True
         if self._prefetch is proc:
             self._prefetch = None
+        bound = self.call_timeout
         try:
-            out, err = proc.communicate(timeout=self.call_timeout)
+            out, err = proc.communicate(timeout=bound)
         except subprocess.TimeoutExpired:
             self._end(proc)
-            return None, "no process list: nvidia-smi did not answer within %g s" % self.call_timeout
+            return None, "no process list: nvidia-smi did not answer within %g s" % bound
         return self._apps_result(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     @staticmethod

@@ -177,7 +177,8 @@ class AutoBackend:
 
 
 def open_backend(kind: str, nvidia_smi_path: str, runner: Runner = run_command,
-                 nvml_loader: t.Callable[[], t.Any] = import_pynvml, call_timeout: float = 30.0) -> t.Any:
+                 nvml_loader: t.Callable[[], t.Any] = import_pynvml,
+                 call_timeout: t.Union[float, t.Callable[[], float]] = 30.0) -> t.Any:
     """A backend with ``sample()``/``close()``/``name`` (and ``notes`` for auto) for ``backend``."""
     if kind not in ("auto", "nvml", "nvidia_smi"):
         raise GpuError("backend must be auto, nvml or nvidia_smi, got %r" % kind)

@@ -68,10 +68,20 @@ class Waiter:
                  history_limit: int = 100) -> None:
         self.timeout, self.interval, self.delay, self.stable_for = timeout, interval, delay, stable_for
         self.sleep, self.clock, self.history_limit = sleep, clock, history_limit
+        # progress so far, readable when a sample raises: a failure mid-wait still reports what it took
+        self.deadline: t.Optional[Deadline] = None
+        self.samples = 0
+
+    def remaining(self) -> float:
+        """Seconds left of ``timeout`` (all of it before the wait starts)."""
+        return self.deadline.remaining() if self.deadline is not None else float(self.timeout)
+
+    def elapsed(self) -> float:
+        return self.deadline.elapsed() if self.deadline is not None else 0.0
 
     def wait(self, sample_fn: t.Callable[[], t.Any],
              free_fn: t.Callable[[t.Any], t.Tuple[bool, t.Mapping[int, int]]]) -> WaitResult:
-        deadline = Deadline(self.timeout, clock=self.clock)  # delay counts within timeout, as in wait_for
+        deadline = self.deadline = Deadline(self.timeout, clock=self.clock)  # delay counts within timeout, as in wait_for
         wall_start = time.time()
         if self.delay:
             self.sleep(min(self.delay, deadline.remaining()))
@@ -81,7 +91,7 @@ class Waiter:
         while True:
             began = self.clock()
             sample = sample_fn()
-            count += 1
+            count = self.samples = count + 1
             first = first or sample
             free, counted = free_fn(sample)
             sample.took = self.clock() - began  # backend calls and judgement: the next sample starts interval after

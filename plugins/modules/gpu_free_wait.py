@@ -48,7 +48,10 @@ options:
     type: int
     default: 2
   timeout:
-    description: Seconds to wait in all, O(delay) included. V(0) samples once.
+    description:
+      - Seconds to wait in all, O(delay) included. V(0) samples once.
+      - One C(nvidia-smi) call is bounded by min(30, max(5, O(timeout))) seconds and never by more than what is
+        left of O(timeout) (at least 0.5 s), so a hung driver cannot hold the wait past it.
     type: float
     default: 120
   interval:
