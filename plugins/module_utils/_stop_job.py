@@ -39,7 +39,10 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
     RunLock,
     RunLockError,
     describe_holder,
+    describe_previous,
     lock_key,
+    outcome_fields,
+    shield_from_hangup,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     Member,
@@ -160,15 +163,10 @@ def locked_elsewhere(lock: RunLock) -> bool:
 
 
 def previous_note(previous: t.Mapping[str, t.Any] | None) -> str | None:
-    """What the last finished ladder for this selection did, when nothing is selected now."""
+    """What the last finished ladder for this selection did (even one nobody watched), when nothing is selected now."""
     if not previous or previous.get("state") not in ("done", "failed", "interrupted"):
         return None
-    return "nothing selected now; the last ladder for this selection (pid %s, %s) %s" % (
-        previous.get("pid"),
-        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(previous.get("finished") or previous.get("started") or 0)),
-        "was interrupted before it finished" if previous["state"] == "interrupted" else
-        "stopped the job with %s" % previous["stopped_by"] if previous.get("stopped_by") else
-        "ended: %s" % (previous.get("msg") or "nothing was left to stop"))
+    return "nothing selected now; " + describe_previous(previous)
 
 
 class _Finish(Exception):
@@ -187,16 +185,19 @@ class _StopJob:
         self.result = new_result()
         self.lock = RunLock(params["lock_dir"], lock_key({option: params[option] for option in LOCK_KEY_OPTIONS}))
         self.climbing: dict[str, t.Any] | None = None  # set once this run recorded its ladder as running
+        self.hangups: list[str] = []  # SIGHUP/SIGPIPE caught while the ladder ran on after its connection died
 
     def finish(self, failed: str | None) -> dict[str, t.Any]:
         result = self.result
         result["elapsed"] = round(time.monotonic() - self.started, 4)
         if self.climbing is not None:
             try:
+                # what was stopped and by which rungs, for a re-run to report (its caller may never have seen it)
                 self.lock.record(dict(self.climbing, state="failed" if failed else "done", msg=failed or "",
-                                      finished=time.time(), stopped_by=result["stopped_by"],
-                                      survivors=result["survivors"],
-                                      gpu_holders=[h["pid"] for h in result["gpu_holders"]], elapsed=result["elapsed"]))
+                                      finished=time.time(), survivors=result["survivors"],
+                                      gpu_holders=[h["pid"] for h in result["gpu_holders"]], elapsed=result["elapsed"],
+                                      **outcome_fields(result["selected"], result["rungs"], result["stopped_by"],
+                                                       self.hangups)))
             except OSError as exc:
                 result["notes"].append("could not record this ladder's outcome in %s: %s" % (self.lock.state_path, exc))
         self.lock.release()
@@ -276,6 +277,8 @@ class _StopJob:
         params, result = self.params, self.result
         self.climbing = {"pid": os.getpid(), "started": time.time(), "selection": selection_text(params),
                          "selected": [m.pid for m in members]}
+        # from here the ladder finishes on its own even if the connection that started it dies
+        shield_from_hangup(self.hangups)
         try:
             self.lock.record(dict(self.climbing, state="running"))
         except OSError as exc:

@@ -235,6 +235,10 @@ notes:
     by the processes exiting (zombies count as exited; a zombie leader whose threads still run does not).
   - The launcher is always signalled before or with its workers, so a respawning launcher cannot restart them.
   - Processes the job starts after the snapshot (children of its live members) join before each later rung.
+  - Once the ladder has started it finishes on its own when the connection that started the module dies (a dead SSH
+    link, a killed C(pct exec)). A hangup (SIGHUP) or a closed output (SIGPIPE) is caught, never obeyed half-way, and
+    the outcome is recorded under O(lock_dir). The next run reports it in RV(previous) and its notes (what was stopped,
+    by which rung, when) instead of only saying that nothing was selected.
 seealso:
   - module: gpuops.repurpose.gpu_free_wait
   - module: gpuops.repurpose.proxmox_ct_exec
@@ -355,12 +359,15 @@ previous:
   description: The record of the last ladder climbed for this selection (by an earlier run, possibly one that was
     waited for, or one nobody watched because its ansible-playbook was killed), read before this run's snapshot.
     C(state) is C(done), C(failed), C(running) (still going; check mode only) or C(interrupted) (its process died
-    part-way); with C(pid), C(started), C(finished), C(selected), C(stopped_by), C(survivors), C(msg). Null when
-    there is none.
+    part-way); with C(pid), C(started), C(finished), C(selected), C(stopped_by), C(survivors), C(msg), and what it
+    stopped (C(stopped), C(stopped_count)), its C(rungs) (signal, when sent, how many exited) and C(hangups) (SIGHUP or
+    SIGPIPE caught because its connection died; the ladder finished on its own). Null when there is none.
   returned: always
   type: dict
   sample: {state: done, pid: 4242, started: 1767225600.1, finished: 1767225671.9, selected: [5120, 5121],
-           stopped_by: SIGKILL, survivors: [], msg: ""}
+           stopped_by: SIGKILL, survivors: [], msg: "", stopped_count: 2, hangups: [SIGHUP],
+           stopped: [{pid: 5120, cmdline: "torchrun --nproc-per-node 8 train.py"}, {pid: 5121, cmdline: "python -u train.py"}],
+           rungs: [{signal: SIGTERM, via: null, sent_at: 0.01, exited: 0}, {signal: SIGKILL, via: null, sent_at: 30.02, exited: 2}]}
 lock_waited:
   description: Seconds this run waited for another ladder on the same selection.
   returned: always
