@@ -1,0 +1,64 @@
+"""Paths and the figures ledger of the fault suite (what was injected, what survived, what was lost)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FILES = os.path.join(ROOT, "roles", "sglang_datagen", "files")
+for _p in (FILES, os.path.join(ROOT, "tests", "unit", "datagen"), os.path.join(ROOT, "tests", "lab", "sglang_standin")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import dg_rows  # noqa: E402,F401  (the datagen fixture rows, shared with tests/unit/datagen)
+
+FIGURES = os.environ.get("GPUOPS_FAULTS_FIGURES", "/tmp/gpuops-faults-figures.json")
+
+
+class Figures:
+    """One ledger per session: each injected fault, whether the run came through, rows lost,
+    processes wrongly signalled, and each bounded wait against its bound."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.faults: Dict[str, Dict[str, Any]] = {}
+        self.waits: List[Dict[str, Any]] = []
+
+    def injected(self, name: str) -> None:
+        with self.lock:
+            self.faults.setdefault(name, {"injected": 0, "survived": 0, "rows_lost": 0, "wrongly_signalled": 0})
+            self.faults[name]["injected"] += 1
+
+    def survived(self, name: str, rows_lost: int = 0, wrongly_signalled: int = 0) -> None:
+        with self.lock:
+            f = self.faults[name]
+            f["survived"] += 1
+            f["rows_lost"] += rows_lost
+            f["wrongly_signalled"] += wrongly_signalled
+
+    def wait(self, name: str, seconds: float, bound: float) -> None:
+        with self.lock:
+            self.waits.append({"wait": name, "seconds": round(seconds, 2), "bound": bound})
+
+    def totals(self) -> Dict[str, Any]:
+        longest = max(self.waits, key=lambda w: w["seconds"] / w["bound"], default=None)
+        return {
+            "faults_injected": sum(f["injected"] for f in self.faults.values()),
+            "survived": sum(f["survived"] for f in self.faults.values()),
+            "rows_lost": sum(f["rows_lost"] for f in self.faults.values()),
+            "processes_wrongly_signalled": sum(f["wrongly_signalled"] for f in self.faults.values()),
+            "longest_wait_vs_bound": longest,
+        }
+
+    def save(self, path: str = FIGURES) -> None:
+        data = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "totals": self.totals(),
+                "faults": self.faults, "waits": self.waits}
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True)
+        os.replace(tmp, path)
