@@ -217,3 +217,48 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
             except AssertionError as exc:
                 failures.append(f"{name} ('{reference[k - 1]}'): {exc}"[:2000])
     assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.parametrize("during", ["Stop | Run the stop-verify-kill ladder",
+                                    "Stop | Wait until every GPU's memory is released"],
+                         ids=["ladder", "gpu_free_wait"])
+def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
+    """Someone reboots CT200 (``pct reboot`` on the PVE host) while the ladder or the GPU wait runs:
+    the play ends within its bounds (no hang), and a plain re-run is ok and converges."""
+    started = st.trainer(BEHAVIOUR)
+    job = set(started["trainer"]["pids"]["workers"]) | {started["trainer"]["pids"]["launcher"]}
+    # a GPU held outside the job keeps gpu_free_wait waiting (the reboot lands in it, not after it)
+    if "GPU" in during:
+        st.ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345"
+              " >/dev/null 2>&1 </dev/null")
+    name = f"CT200 rebooted during {during.split('| ')[1]}"
+    t0 = time.monotonic()
+    proc = st.start(dict(FAULT_VARS, stop_training_restart_container=False))
+    try:
+        st.read_until(proc, f"TASK [{during}]", timeout=300)
+        time.sleep(1.0)  # inside the task
+        rebooted = subprocess.run([*lab["ssh"], "root@" + lab["host"], "pct reboot 200 --timeout 30"],
+                                  capture_output=True, text=True, timeout=300, check=False)
+        figures.injected(name)
+        assert rebooted.returncode == 0, rebooted.stderr
+        out, _ = proc.communicate(timeout=LADDER_BOUND + 120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    waited = time.monotonic() - t0
+    figures.wait(f"play with CT200 rebooted during {during}", waited, LADDER_BOUND + 120)
+    try:
+        # the reboot ended the job and the stray GPU holder; the lab puts its trainer and decoys back
+        subprocess.run([str(st.LAB), "up"], capture_output=True, timeout=600, check=True)
+        assert not (st.trainer_pids(lab) & job)
+        rc, out = st.play(FAULT_VARS)
+        assert rc == 0, out[-4000:]
+        rc2, out2 = st.play(FAULT_VARS)
+        assert rc2 == 0 and st.recap(out2)["changed"] == 0, out2[-3000:]
+        assert st.lock_holder(lab) is None
+        records = [r for r in audit(lab) if r["boot_id"] == audit_boot(lab) and r["role"] == "networkd-dispatcher"]
+        assert all(not r["signals"] for r in records), records
+        figures.survived(name)
+    finally:
+        subprocess.run([str(st.LAB), "up"], capture_output=True, timeout=600, check=False)
