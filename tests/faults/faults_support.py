@@ -33,6 +33,7 @@ class Figures:
         with self.lock:
             self.faults.setdefault(name, {"injected": 0, "survived": 0, "rows_lost": 0, "wrongly_signalled": 0})
             self.faults[name]["injected"] += 1
+        self.save()  # a run cut short (a CI timeout) still leaves its figures
 
     def survived(self, name: str, rows_lost: int = 0, wrongly_signalled: int = 0) -> None:
         with self.lock:
@@ -40,10 +41,12 @@ class Figures:
             f["survived"] += 1
             f["rows_lost"] += rows_lost
             f["wrongly_signalled"] += wrongly_signalled
+        self.save()
 
     def wait(self, name: str, seconds: float, bound: float) -> None:
         with self.lock:
             self.waits.append({"wait": name, "seconds": round(seconds, 2), "bound": bound})
+        self.save()
 
     def totals(self) -> Dict[str, Any]:
         longest = max(self.waits, key=lambda w: w["seconds"] / w["bound"], default=None)
@@ -56,6 +59,10 @@ class Figures:
         }
 
     def save(self, path: str = FIGURES) -> None:
+        with self.lock:
+            self._save(path)
+
+    def _save(self, path: str) -> None:
         data = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "totals": self.totals(),
                 "faults": self.faults, "waits": self.waits}
         tmp = path + ".tmp"
