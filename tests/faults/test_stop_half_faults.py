@@ -235,7 +235,7 @@ def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
     t0 = time.monotonic()
     proc = st.start(dict(FAULT_VARS, stop_training_restart_container=False))
     try:
-        st.read_until(proc, f"TASK [{during}]", timeout=300)
+        st.read_until(proc, f" : {during}]", timeout=300)
         time.sleep(1.0)  # inside the task
         rebooted = subprocess.run([*lab["ssh"], "root@" + lab["host"], "pct reboot 200 --timeout 30"],
                                   capture_output=True, text=True, timeout=300, check=False)
