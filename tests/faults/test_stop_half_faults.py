@@ -154,7 +154,7 @@ def checkpoint_ok(lab: dict) -> bool:
 
 def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: list[str]) -> None:
     started = st.trainer(BEHAVIOUR)
-    job = set(started["trainer"]["pids"]["workers"]) | {started["trainer"]["pids"]["launcher"]}
+    job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
     decoys_before = decoys(lab)
     t0 = time.monotonic()
     proc, seen = run_until_banner(k)
@@ -209,8 +209,10 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
     reference = BANNER.findall(out)
     assert len(reference) > 5, out[-3000:]
     failures = []
-    for k in range(1, len(reference)):
-        for with_workers in (True, False) if k % 4 == 1 else (True,):
+    # GPUOPS_FAULTS_STRIDE=N: every Nth point only (a quick look by hand; the suite's default is every point)
+    stride = int(os.environ.get("GPUOPS_FAULTS_STRIDE", "1"))
+    for k in range(1, len(reference), stride):
+        for with_workers in (True, False) if k % (4 * stride) == 1 else (True,):
             name = "ansible-playbook SIGKILLed after task %d%s" % (k, "" if with_workers else " (workers left)")
             try:
                 check_point(lab, figures, name, k, with_workers, reference)
@@ -226,7 +228,7 @@ def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
     """Someone reboots CT200 (``pct reboot`` on the PVE host) while the ladder or the GPU wait runs:
     the play ends within its bounds (no hang), and a plain re-run is ok and converges."""
     started = st.trainer(BEHAVIOUR)
-    job = set(started["trainer"]["pids"]["workers"]) | {started["trainer"]["pids"]["launcher"]}
+    job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
     # a GPU held outside the job keeps gpu_free_wait waiting (the reboot lands in it, not after it)
     if "GPU" in during:
         st.ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345"
