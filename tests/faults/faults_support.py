@@ -28,6 +28,7 @@ class Figures:
         self.lock = threading.Lock()
         self.faults: Dict[str, Dict[str, Any]] = {}
         self.waits: List[Dict[str, Any]] = []
+        self.notes: Dict[str, Any] = {}
 
     def injected(self, name: str) -> None:
         with self.lock:
@@ -41,6 +42,18 @@ class Figures:
             f["survived"] += 1
             f["rows_lost"] += rows_lost
             f["wrongly_signalled"] += wrongly_signalled
+        self.save()
+
+    def failed(self, name: str, reason: str) -> None:
+        """A point that did not come through, with why (kept in the figures file at once)."""
+        with self.lock:
+            self.faults.setdefault(name, {"injected": 0, "survived": 0, "rows_lost": 0, "wrongly_signalled": 0})
+            self.faults[name]["failure"] = reason[:3000]
+        self.save()
+
+    def note(self, key: str, value: Any) -> None:
+        with self.lock:
+            self.notes[key] = value
         self.save()
 
     def wait(self, name: str, seconds: float, bound: float) -> None:
@@ -64,7 +77,8 @@ class Figures:
 
     def _save(self, path: str) -> None:
         data = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "totals": self.totals(),
-                "faults": self.faults, "waits": self.waits}
+                "faults": self.faults, "waits": self.waits,
+                "notes": self.notes}
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=1, sort_keys=True)
