@@ -78,8 +78,8 @@ def main_pid(lab, unit: str) -> int:
 
 def test_worker_and_router_sigkilled_mid_generation_systemd_restarts_them(lab, figures):
     dg.reset_pipeline(lab)
-    # slow workers (5 s a request): generation lasts long enough for both kills to land mid-run
-    dg.play("-e", dg.lab_worker_args("--latency", "5"))
+    # slow workers (10 s a request, 16 in flight: about 60 s for the 100 rows): both kills land mid-run
+    dg.play("-e", dg.lab_worker_args("--latency", "10"))
     unit = "sglang-datagen-worker@2.service"
     for victim in (unit, "sglang-datagen-router.service"):
         before = main_pid(lab, victim)
