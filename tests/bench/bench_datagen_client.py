@@ -15,8 +15,8 @@ ratios, not absolute seconds).
 Goals (issue 7): datagen >= 8x the pool's requests/s, < 0.5 ms client CPU per
 request, peak RSS flat from the small to the large run.
 
-    .venv/bin/python tests/bench/bench_datagen_client.py                 # < 1 min
-    .venv/bin/python tests/bench/bench_datagen_client.py --small 10000 --large 200000 --pool 5000
+    .venv/bin/python -m tests.bench.bench_datagen_client                 # < 1 min
+    .venv/bin/python -m tests.bench.bench_datagen_client --small 10000 --large 200000 --pool 5000
     ... --json results.json --check                                       # exit 1 if a goal is missed
 """
 
@@ -31,10 +31,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FILES = os.path.join(ROOT, "roles", "sglang_datagen", "files")
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import StandinProcess  # noqa: E402
+from harness import StandinProcess
+
+from tests.support.paths import ROOT
 
 MODEL = "bench-model"
 MAX_TOKENS = 32
@@ -82,7 +81,6 @@ def child_openai(url: str, prompts: str, out: str, threads: int) -> dict:
 
 
 def child_datagen(url: str, prompts: str, work: str, concurrency: int) -> dict:
-    sys.path.insert(0, FILES)
     from datagen.gen.journal import count_lines
     from datagen.generate import run_generate, settings_from_config
 
@@ -100,10 +98,10 @@ def child_datagen(url: str, prompts: str, work: str, concurrency: int) -> dict:
 
 
 def run_child(kind: str, url: str, prompts: str, work: str, arg: int) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--url", url, "--prompts", prompts,
+    cmd = [sys.executable, "-m", "tests.bench.bench_datagen_client", "--child", kind, "--url", url, "--prompts", prompts,
            "--work", work, "--arg", str(arg)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False, cwd=str(ROOT))
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{kind} run failed:\n{proc.stdout}\n{proc.stderr}")

@@ -1,7 +1,7 @@
 """Benchmark: datagen prepare and tokenize, rows/s and peak RSS, each against a baseline run side by side.
 
-    .venv/bin/python tests/bench/bench_datagen_prepare.py              # 20K rows, under a minute
-    .venv/bin/python tests/bench/bench_datagen_prepare.py --rows 1000000
+    .venv/bin/python -m tests.bench.bench_datagen_prepare              # 20K rows, under a minute
+    .venv/bin/python -m tests.bench.bench_datagen_prepare --rows 1000000
 
 Synthetic rows in the six real source schemas (3% cross-source duplicates, 1% malformed lines)
 plus an existing set of rows/4 (77% coding). Each variant runs in its own process so its peak
@@ -28,10 +28,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FILES = os.path.join(ROOT, "roles", "sglang_datagen", "files")
-TESTS = os.path.join(ROOT, "tests", "unit", "datagen")
-sys.path[:0] = [FILES, TESTS]
+from tests.support.paths import DATAGEN_FILES
+
+FILES = str(DATAGEN_FILES)
 
 WORDS = ("data model train token python function value list graph prove number matrix agent tool "
          "weather city file rename explain compute derive answer question reason step plan").split()
@@ -42,7 +41,7 @@ def text(rng: random.Random, n: int) -> str:
 
 
 def make_inputs(d: str, rows: int, seed: int = 1) -> dict:
-    import dg_rows as fx
+    from tests.support import datagen_rows as fx
 
     rng = random.Random(seed)
     per = rows // 6
@@ -81,7 +80,6 @@ def make_inputs(d: str, rows: int, seed: int = 1) -> dict:
 
 CHILD_PREPARE = r"""
 import json, sys, time, resource
-sys.path[:0] = [{files!r}]
 from datagen.config import load_config
 from datagen.prepare import run_prepare
 cfg = load_config({cfg!r})
@@ -96,7 +94,6 @@ print(json.dumps({{"rows": read, "written": res["written"], "wall_s": wall,
 
 CHILD_BASELINE = r"""
 import json, random, sys, time, resource
-sys.path[:0] = [{files!r}]
 from datagen.config import load_config
 from datagen.sources import Unusable, adapt, iter_source, to_prompt
 from datagen.existing import iter_existing
@@ -137,7 +134,6 @@ print(json.dumps({{"rows": n, "written": len(out), "wall_s": wall,
 
 CHILD_TOKENIZE = r"""
 import json, sys, time, resource
-sys.path[:0] = [{files!r}]
 from datagen.config import load_config
 from datagen.tokenize import run_tokenize
 cfg = load_config({cfg!r}, check_inputs=False)
@@ -152,7 +148,6 @@ print(json.dumps({{"rows": res["rows_in"], "written": res["rows_out"], "wall_s":
 
 CHILD_TOKENIZE_BASELINE = r"""
 import json, sys, time, resource
-sys.path[:0] = [{files!r}]
 from datagen.config import load_config
 from datagen.tokenize import load_tokenizer
 from datagen.util import iter_jsonl
@@ -181,7 +176,9 @@ print(json.dumps({{"rows": n, "written": out, "wall_s": wall,
 
 
 def child(code: str) -> dict:
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600, check=False)
+    # the child imports only the datagen package (no test plumbing in its peak RSS)
+    env = dict(os.environ, PYTHONPATH=FILES)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600, check=False, env=env)
     if p.returncode != 0:
         raise SystemExit(p.stderr)
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -194,8 +191,9 @@ def main() -> int:
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None, help="write the results here too")
     args = ap.parse_args()
-    import dg_rows as fx
     import yaml
+
+    from tests.support import datagen_rows as fx
 
     d = args.workdir or tempfile.mkdtemp(prefix="bench-datagen-")
     t = time.monotonic()
@@ -215,8 +213,8 @@ def main() -> int:
         yaml.safe_dump(cfg, fh)
 
     results = {}
-    results["prepare"] = child(CHILD_PREPARE.format(files=FILES, cfg=cfg_path))
-    results["prepare_baseline"] = child(CHILD_BASELINE.format(files=FILES, cfg=cfg_path,
+    results["prepare"] = child(CHILD_PREPARE.format(cfg=cfg_path))
+    results["prepare_baseline"] = child(CHILD_BASELINE.format(cfg=cfg_path,
                                                               out=os.path.join(d, "baseline.jsonl")))
     # generated.jsonl from the prompts, as generate would write it
     rng = random.Random(2)
@@ -227,9 +225,9 @@ def main() -> int:
             row["messages"].append({"role": "assistant", "content": text(rng, rng.randint(60, 200))})
             row.update(finish_reason="stop", usage={"completion_tokens": 1})
             dst.write(json.dumps(row) + "\n")
-    results["tokenize"] = child(CHILD_TOKENIZE.format(files=FILES, cfg=cfg_path, batch=256))
+    results["tokenize"] = child(CHILD_TOKENIZE.format(cfg=cfg_path, batch=256))
     results["tokenize_baseline"] = child(CHILD_TOKENIZE_BASELINE.format(
-        files=FILES, cfg=cfg_path, src=os.path.join(d, "work", "generated.jsonl")))
+        cfg=cfg_path, src=os.path.join(d, "work", "generated.jsonl")))
 
     print(f"\n{'variant':<20}{'rows':>10}{'rows/s':>12}{'peak RSS MiB':>14}")
     for name, r in results.items():

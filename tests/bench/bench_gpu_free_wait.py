@@ -13,8 +13,8 @@ per GPU, like the trainer's workers):
 The kill happens at a different phase of the watchers' loops in each trial.
 Numbers are from a shared 2-core machine: read the ratios.
 
-    .venv/bin/python tests/bench/bench_gpu_free_wait.py            # about a minute
-    .venv/bin/python tests/bench/bench_gpu_free_wait.py --trials 5 --release-delay 2 --json out.json
+    .venv/bin/python -m tests.bench.bench_gpu_free_wait            # about a minute
+    .venv/bin/python -m tests.bench.bench_gpu_free_wait --trials 5 --release-delay 2 --json out.json
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "fakegpu"))
-from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file  # noqa: E402
+from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file
+
+from tests.support.paths import ROOT
 
 MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.gpu_free_wait"
 THRESHOLD = 512

@@ -4,7 +4,7 @@
 
 """Benchmark: the same 30 trivial tasks against CT200 in the lab, side by side.
 
-    .venv/bin/python tests/bench/bench_pct_ssh.py [--tasks 30] [--rounds 3] [--json FILE]
+    .venv/bin/python -m tests.bench.bench_pct_ssh [--tasks 30] [--rounds 3] [--json FILE]
 
 Contenders, run interleaved round by round so machine load hits all alike:
   pct_ssh_pipelined   gpuops.repurpose.pct_ssh, pipelining on (its default)
@@ -27,33 +27,29 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "tests" / "lab" / "lab"
-BIN = Path(sys.executable).parent
+from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
+from tests.support.lab import skip_reason
+from tests.support.playbook import run_playbook
 
 
-def lab_status() -> dict:
-    done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-    status = json.loads(done.stdout)
-    if not status.get("up") or status["containers"].get("200") != "running":
-        sys.exit("the CT200 lab is not up: run tests/lab/lab up")
+def lab_or_exit() -> dict:
+    """The lab's status; exit naming the reason when a lab test would be skipped (tests/support/lab.py)."""
+    status = lab_or_exit()
+    reason = skip_reason(status)
+    if reason:
+        sys.exit(reason)
     return status
 
 
 def contenders(status: dict, cp_dir: str) -> dict:
-    ssh_common = "-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes" % status["known_hosts"]
-    base = dict(ansible_host=status["host"], ansible_port=status["port"], ansible_user="root",
-                ansible_ssh_private_key_file=status["key"], ansible_python_interpreter="/usr/bin/python3")
-    pct_ssh = dict(base, ansible_connection="gpuops.repurpose.pct_ssh", proxmox_vmid=200,
-                   ansible_pct_ssh_known_hosts_file=status["known_hosts"], ansible_pct_ssh_control_path_dir=cp_dir)
-    openssh = dict(base, ansible_connection="ansible.builtin.ssh", ansible_ssh_common_args=ssh_common)
+    pct_ssh = pct_ssh_hostvars(status, ansible_pct_ssh_control_path_dir=cp_dir)
+    openssh = openssh_hostvars(status)
+    base = {k: v for k, v in openssh.items() if k not in ("ansible_connection", "ansible_ssh_common_args")}
     return {
         "pct_ssh_pipelined": (dict(pct_ssh, ansible_pipelining=True), "command"),
         "pct_ssh_plain": (dict(pct_ssh, ansible_pipelining=False), "command"),
@@ -80,14 +76,11 @@ def stamp(text: str) -> float:
 
 
 def run_once(tmp: Path, name: str, hostvars: dict, kind: str, n: int) -> list:
-    inv = tmp / ("%s.json" % name)
-    inv.write_text(json.dumps({"all": {"hosts": {"ct200": hostvars}}}))
+    inv = write_inventory(tmp / ("%s.json" % name), {"ct200": hostvars})
+    # N copies of one task, generated: a loop would time all items as one task
     pb = tmp / ("%s_%s.yml" % (kind, n))
     pb.write_text(playbook(kind, n))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
-    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(pb)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800, check=False)
-    data = json.loads(done.stdout)
+    data = run_playbook(pb, inv, json_results=True, timeout=1800).json
     times = []
     for task in data["plays"][0]["tasks"]:
         res = task["hosts"]["ct200"]
@@ -106,7 +99,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="a subset of contenders")
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
-    status = lab_status()
+    status = lab_or_exit()
     with tempfile.TemporaryDirectory(prefix="bench_pct_ssh_") as tmpdir:
         tmp = Path(tmpdir)
         table = contenders(status, str(tmp / "cp"))

@@ -4,7 +4,7 @@
 
 """Ladder overhead of ``training_stop`` against a 1 s poll loop doing the same job, side by side.
 
-Run standalone: ``.venv/bin/python tests/bench/bench_training_stop.py [--repeat N] [--workers N]``.
+Run standalone: ``.venv/bin/python -m tests.bench.bench_training_stop [--repeat N] [--workers N]``.
 
 Each trial builds a fresh torchrun-shaped tree (a launcher plus workers, each
 worker in its own session) whose exit time is known:

@@ -8,12 +8,9 @@ import subprocess
 import sys
 import time
 
+import fakegpu
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "fakegpu"))
-import fakegpu  # noqa: E402
-from fakegpu_harness import FakeGpus  # noqa: E402
+from fakegpu_harness import FakeGpus
 
 NAME = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
 
@@ -116,10 +113,10 @@ def test_never_release_mode(fake):
 
 def test_forked_child_keeps_the_allocation(fake):
     fake.config(release_delay=0)
-    code = ("import os,sys,time; sys.path.insert(0, %r); import fakegpu; fakegpu.hold(5, 7000)\n"
-            "if os.fork() == 0:\n    time.sleep(60)\nelse:\n    print(os.getpid(), flush=True); time.sleep(60)\n"
-            % os.path.dirname(fakegpu.__file__))
-    proc = subprocess.Popen([sys.executable, "-c", code], env=fake.env, stdout=subprocess.PIPE, text=True)
+    code = ("import os,time; import fakegpu; fakegpu.hold(5, 7000)\n"
+            "if os.fork() == 0:\n    time.sleep(60)\nelse:\n    print(os.getpid(), flush=True); time.sleep(60)\n")
+    env = dict(fake.env, PYTHONPATH=os.path.dirname(fakegpu.__file__))  # the child imports the same fakegpu
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     fake.procs.append(proc)
     proc.stdout.readline()
     child = [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == proc.pid]

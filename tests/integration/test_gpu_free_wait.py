@@ -16,17 +16,16 @@ import subprocess
 import sys
 import time
 
+import fakegpu
 import pytest
+from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "fakegpu"))
-import fakegpu  # noqa: E402
-from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file  # noqa: E402
+from tests.support.lab import lab_status
+from tests.support.paths import COLLECTIONS
+from tests.support.playbook import adhoc_json_result, run_adhoc
 
 MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.gpu_free_wait"
-PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
-if not os.path.exists(PYTHON):
-    PYTHON = sys.executable
+PYTHON = sys.executable
 
 
 @pytest.fixture
@@ -46,7 +45,7 @@ def module_cmd(fake, tmp_path, check=False, **args):
 
 
 def module_env(fake):
-    return dict(fake.env, PYTHONPATH=os.path.join(ROOT, ".collections"))
+    return dict(fake.env, PYTHONPATH=str(COLLECTIONS))
 
 
 def parse(proc_out: str) -> dict:
@@ -120,19 +119,16 @@ def test_check_mode_samples_once_and_reports(fake, tmp_path):
 
 def test_ansible_cli_runs_it(fake, tmp_path):
     holder = fake.hold([5], mib=1000)
-    ansible = os.path.join(ROOT, ".venv", "bin", "ansible")
-    if not os.path.exists(ansible):
-        pytest.skip("no .venv/bin/ansible")
     env = dict(fake.env, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
-    common = [ansible, "localhost", "-m", "gpuops.repurpose.gpu_free_wait", "-a",
-              json.dumps({"nvidia_smi_path": NVIDIA_SMI, "device_paths": [fake.device_glob], "gpus": ["5"],
-                          "timeout": 5, "interval": 0.2, "max_used_mib": 512})]
-    checked = subprocess.run(common + ["--check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
-    res = json.loads(checked.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    args = {"nvidia_smi_path": NVIDIA_SMI, "device_paths": [fake.device_glob], "gpus": ["5"],
+            "timeout": 5, "interval": 0.2, "max_used_mib": 512}
+    checked = run_adhoc("localhost", "gpuops.repurpose.gpu_free_wait", args, inventory=None, check=True, env=env,
+                        timeout=120)
+    res = adhoc_json_result(checked, "localhost")
     assert res["free"] is False and res["samples"] == 1 and not res.get("failed")
     fake.kill(holder)
-    real = subprocess.run(common, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
-    res = json.loads(real.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    real = run_adhoc("localhost", "gpuops.repurpose.gpu_free_wait", args, inventory=None, env=env, timeout=120)
+    res = adhoc_json_result(real, "localhost")
     assert real.returncode == 0 and res["free"] is True and res["gpus"][0]["index"] == 5
 
 
@@ -251,20 +247,9 @@ def test_container_scope_on_the_host(fake, tmp_path):
         os.rmdir(cg)
 
 
-def lab_status() -> dict:
-    lab = os.path.join(ROOT, "tests", "lab", "lab")
-    try:
-        res = subprocess.run([lab, "status"], capture_output=True, text=True, timeout=60, check=False)
-        return json.loads(res.stdout)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return {}
-
-
 @pytest.mark.lab
-def test_lab_ct201_holder_does_not_block_container_200(tmp_path):
-    status = lab_status()
-    if not status.get("up"):
-        pytest.skip("the lab is not up (tests/lab/lab up)")
+def test_lab_ct201_holder_does_not_block_container_200(lab, tmp_path):
+    status = lab
     fdir, lxcpath = status["fakegpu"]["dir"], status["lxcpath"]
     tools = status["fakegpu"]["tools"]
     started = status["containers"].get("201") != "running"
@@ -275,7 +260,7 @@ def test_lab_ct201_holder_does_not_block_container_200(tmp_path):
                              "hold", "--gpu", "3", "--mib", "20000"], stdout=subprocess.PIPE, text=True)
     try:
         assert hold.stdout.readline().startswith("holding")
-        env = dict(os.environ, FAKEGPU_DIR=fdir, PYTHONPATH=os.path.join(ROOT, ".collections"))
+        env = dict(os.environ, FAKEGPU_DIR=fdir, PYTHONPATH=str(COLLECTIONS))
         args = module_args_file(str(tmp_path / "a.json"), gpus=["3"], container=200, _ansible_check_mode=True,
                                 nvidia_smi_path=NVIDIA_SMI, device_paths=[fdir + "/dev/nvidia*"])
         res = subprocess.run([PYTHON, "-m", MODULE, args], env=env, capture_output=True, text=True, timeout=60, check=False)
@@ -295,17 +280,15 @@ def test_lab_ct201_holder_does_not_block_container_200(tmp_path):
 
 def ansible_check(host: str, args: dict) -> dict:
     env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="1")
-    res = subprocess.run([os.path.join(ROOT, ".venv", "bin", "ansible"), "-i", "inventories/lab", host, "-m",
-                          "gpuops.repurpose.gpu_free_wait", "-a", json.dumps(args), "--check"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
-    return json.loads(res.stdout)["plays"][0]["tasks"][0]["hosts"][host]
+    return adhoc_json_result(run_adhoc(host, "gpuops.repurpose.gpu_free_wait", args, check=True, env=env, timeout=180),
+                             host)
 
 
 @pytest.mark.lab
-def test_lab_trainer_workers_seen_from_ct200_and_from_the_pve_host():
+def test_lab_trainer_workers_seen_from_ct200_and_from_the_pve_host(lab):
     """Inside CT200 (through pct_ssh) the backend is blind and /proc names the workers by their container PIDs;
     on the PVE host the same workers appear with host PIDs, container 200, their NSpid and MiB."""
-    before = lab_status()
+    before = lab_status() or {}
     if not before.get("up") or not before["trainer"]["running"]:
         pytest.skip("the lab is not up with a running trainer (tests/lab/lab up)")
     inside = ansible_check("ct200", {"timeout": 0})

@@ -28,67 +28,28 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import built_collection as bc  # noqa: E402
-
-LAB = bc.ROOT / "tests" / "lab" / "lab"
-INVENTORY = bc.ROOT / "inventories" / "lab"
-TRAINER_RE = re.compile(r"^\S*python[0-9.]*\s+(-\S+\s+)*\S*fake_trainer\.py(\s|$)")
-# short rungs, as the role's own lab tests use; the graceful trainer stops at the first
-FAST = {
-    "repurpose_datagen": False,
-    "stop_training_ladder": [
-        {"signal": "SIGINT", "via": "tmux", "timeout": 20},
-        {"signal": "SIGTERM", "timeout": 10},
-        {"signal": "SIGKILL", "timeout": 5},
-    ],
-    "stop_training_gpu_timeout": 30,
-    "stop_training_gpu_interval": 0.2,
-}
+from tests.support import built_collection as bc
+from tests.support.ct200 import trainer_pids
+from tests.support.lab import restore_trainer, trainer
+from tests.support.paths import LAB_INVENTORY as INVENTORY
+from tests.support.playbook import recap
+from tests.support.stop_training import FAST
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
 
-def lab_status() -> dict | None:
-    try:
-        done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-        return json.loads(done.stdout)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
-
-
-def trainer(behaviour: str) -> None:
-    done = subprocess.run([str(LAB), "trainer", behaviour], capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr + done.stdout
-
-
 def trainer_running(status: dict) -> bool:
-    ssh = ["ssh", "-p", str(status["port"]), "-i", status["key"], "-o", "UserKnownHostsFile=" + status["known_hosts"],
-           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-           "root@" + status["host"], "pct exec 200 -- ps -eo args="]
-    out = subprocess.run(ssh, capture_output=True, text=True, timeout=60, check=True).stdout
-    return any(TRAINER_RE.search(line.strip()) for line in out.splitlines())
-
-
-def recap(output: str, host: str = "ct200") -> dict[str, int]:
-    m = re.search(r"^%s\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)" % re.escape(host),
-                  output, re.M)
-    assert m, "no recap for %s in:\n%s" % (host, output[-3000:])
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
+    return bool(trainer_pids(status))
 
 
 @pytest.fixture(scope="module")
-def lab():
-    if LAB.exists() and (status := lab_status()) and status.get("up"):
-        yield status
-        subprocess.run([str(LAB), "trainer", "graceful"], capture_output=True, timeout=300, check=False)
-    else:
-        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
+def lab(lab):
+    yield lab
+    restore_trainer()
 
 
 @pytest.fixture(scope="module")
@@ -131,11 +92,6 @@ def test_the_installed_collection_runs_the_playbook_and_a_rerun_changes_nothing(
 # ---------------------------------------------------------------- AWX: ansible-runner
 
 
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", *args], cwd=cwd,
-                          check=True, capture_output=True, text=True).stdout
-
-
 @pytest.fixture(scope="module")
 def private_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import yaml
@@ -146,16 +102,12 @@ def private_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # project sync: collections/requirements.yml, its git URL served from a repository of this tree
     repo = pdd.parent / (pdd.name + "-origin")
     shutil.copytree(project, repo, symlinks=True)
-    _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "snapshot")
+    bc.git_snapshot(repo)
     (entry,) = yaml.safe_load((project / "collections" / "requirements.yml").read_text())["collections"]
-    req = pdd.parent / (pdd.name + "-requirements.yml")
-    req.write_text(yaml.safe_dump({"collections": [dict(entry, name=f"file://{repo}", version="HEAD")]}))
     collections = pdd / "requirements_collections"
-    collections.mkdir()
-    subprocess.run([str(bc.BIN / "ansible-galaxy"), "collection", "install", "-r", str(req), "-p", str(collections)],
-                   cwd=project, env=bc.installed_env(collections), check=True, capture_output=True, text=True)
+    done = bc.install_requirements(entry, repo, "HEAD", pdd.parent / (pdd.name + "-requirements.yml"), collections,
+                                   cwd=project)
+    assert done.returncode == 0, done.stdout + done.stderr
     # the inventory as AWX imports it: --export keeps group_vars unrendered, hosts in groups
     exported = subprocess.run(
         [str(bc.BIN / "ansible-inventory"), "-i", str(INVENTORY), "--list", "--export"],

@@ -9,7 +9,6 @@ skipped with the reason otherwise. The tests leave the lab as they found it
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -18,34 +17,20 @@ import uuid
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAB = os.path.join(ROOT, "tests", "lab", "lab")
+from tests.support.lab import lab_status, trainer
+from tests.support.paths import LAB_DIR
+from tests.support.ssh import on_host
 
 pytestmark = pytest.mark.lab
 
 
-def lab_status() -> dict:
-    res = subprocess.run([LAB, "status"], capture_output=True, text=True, timeout=60, check=False)
-    return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}
-
-
 @pytest.fixture(scope="module")
-def status() -> dict:
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    st = lab_status()
-    if not st.get("up"):
-        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up as root)")
-    return st
+def status(lab) -> dict:
+    return lab
 
 
 def ssh(st: dict, command: str, user: str = "root", timeout: float = 60) -> subprocess.CompletedProcess:
-    argv = [
-        "ssh", "-F", "/dev/null", "-i", st["key"], "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-        "-o", "UserKnownHostsFile=%s" % st["known_hosts"], "-o", "StrictHostKeyChecking=yes",
-        "-o", "ConnectTimeout=10", "-p", str(st["port"]), "%s@%s" % (user, st["host"]), command,
-    ]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    return on_host(st, command, user=user, timeout=timeout, check=False)
 
 
 def pct(st: dict, *args: str, user: str = "root", timeout: float = 60) -> subprocess.CompletedProcess:
@@ -55,8 +40,8 @@ def pct(st: dict, *args: str, user: str = "root", timeout: float = 60) -> subpro
 
 def ensure_trainer(st: dict) -> dict:
     """Other suites stop the trainer on purpose; bring it back (graceful) when it is not running."""
-    if not lab_status().get("trainer", {}).get("running"):
-        subprocess.run([LAB, "trainer", "graceful"], check=True, capture_output=True, timeout=180)
+    if not (lab_status() or {}).get("trainer", {}).get("running"):
+        trainer("graceful")
     return lab_status()
 
 
@@ -170,7 +155,7 @@ def test_pct_lives_only_in_the_lab_hosts_namespace(status):
     # a regular file (a non-root login must see it even when the checkout sits under a 0700 directory)
     # that execs the checkout's pct
     res = ssh(status, "test -f /usr/sbin/pct && test ! -L /usr/sbin/pct && tail -n 1 /usr/sbin/pct; command -v nvidia-smi")
-    assert res.stdout.splitlines() == ['exec %s "$@"' % os.path.join(ROOT, "tests", "lab", "pct"), "/usr/bin/nvidia-smi"]
+    assert res.stdout.splitlines() == ['exec %s "$@"' % (LAB_DIR / "pct"), "/usr/bin/nvidia-smi"]
     # the machine's own /usr/sbin stays untouched (unless it is a real PVE host)
     if not os.path.exists("/usr/share/perl5/PVE/CLI/pct.pm"):
         assert not os.path.lexists("/usr/sbin/pct")
@@ -230,9 +215,7 @@ def test_decoys_run_in_ct200(status):
 def test_lab_trainer_restart_ends_only_the_recorded_trainer(status):
     before = ensure_trainer(status)["trainer"]
     decoys_before = pct(status, "exec", "200", "--", "pgrep", "-f", "networkd-dispatcher|^vi |^watch ").stdout
-    res = subprocess.run([LAB, "trainer", "graceful"], capture_output=True, text=True, timeout=180, check=False)
-    assert res.returncode == 0, res.stderr
-    after = json.loads(res.stdout)  # as recorded under the lab's lock (other suites may restart it next)
+    after = trainer("graceful")  # as recorded under the lab's lock (other suites may restart it next)
     old = [before["host_pids"]["launcher"], before["host_pids"]["pane_shell"], *before["host_pids"]["workers"]]
     new = [after["host_pids"]["launcher"], after["host_pids"]["pane_shell"], *after["host_pids"]["workers"]]
     assert len(after["host_pids"]["workers"]) == 8 and after["running"]

@@ -15,18 +15,13 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAB = os.path.join(ROOT, "tests", "lab", "lab")
+from tests.support.lab import lab_cli
 
 pytestmark = [
     pytest.mark.lab,
     pytest.mark.skipif(os.environ.get("GPUOPS_LAB_CYCLE") != "1",
                        reason="takes the shared lab down and up: set GPUOPS_LAB_CYCLE=1 to run it"),
 ]
-
-
-def lab(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([LAB, *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def live(pid: int, starttime: int | None = None) -> bool:
@@ -62,11 +57,11 @@ def in_lab_cgroup(pid: int) -> bool:
 def test_down_leaves_nothing_and_up_restores(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("the CT200 lab needs root")
-    before = json.loads(lab("status").stdout)
+    before = json.loads(lab_cli("status", timeout=900).stdout)
     if not before.get("up"):
-        up = lab("up")
+        up = lab_cli("up", timeout=900)
         assert up.returncode == 0, up.stderr
-        before = json.loads(lab("status").stdout)
+        before = json.loads(lab_cli("status", timeout=900).stdout)
     lab_dir = before["lab_dir"]
     with open(os.path.join(lab_dir, "supervisor.json"), encoding="utf-8") as handle:
         sup = json.load(handle)
@@ -76,7 +71,7 @@ def test_down_leaves_nothing_and_up_restores(tmp_path):
     cache = [os.path.join("/var/cache/gpuops-lab", n) for n in os.listdir("/var/cache/gpuops-lab")
              if n.startswith("rootfs-")]
     try:
-        down = lab("down")
+        down = lab_cli("down", timeout=900)
         assert down.returncode == 0, down.stderr
 
         for ref in recorded:
@@ -100,12 +95,12 @@ def test_down_leaves_nothing_and_up_restores(tmp_path):
             socket.create_connection((before["host"], before["port"]), timeout=2).close()
         assert all(os.path.isdir(c) for c in cache), "the rootfs cache stays"
 
-        after_down = json.loads(lab("status").stdout)
+        after_down = json.loads(lab_cli("status", timeout=900).stdout)
         assert after_down["up"] is False
         assert after_down["containers"] == {"200": "absent", "201": "absent"}
     finally:
-        up = lab("up")
+        up = lab_cli("up", timeout=900)
     assert up.returncode == 0, up.stderr
-    after = json.loads(lab("status").stdout)
+    after = json.loads(lab_cli("status", timeout=900).stdout)
     assert after["up"] and after["containers"] == {"200": "running", "201": "stopped"}
     assert after["trainer"]["running"] and after["trainer"]["behaviour"] == "graceful"

@@ -25,33 +25,33 @@ step whose ``cmd`` starts with ``sudo -n /usr/sbin/pct``.
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 
-
-def _helpers(name: str, test_file: str):
-    """A role test's lab helpers, loaded under their own name (test modules share one namespace)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(test_file))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_h = _helpers("stop_training_lab_helpers", "test_role_stop_training.py")
-_d = _helpers("sglang_datagen_lab_helpers", "test_role_sglang_datagen.py")
-lab = _h.lab
-reboot_hang = _h.reboot_hang
+from tests.support.ct200 import ct_init_pid, ct_processes, decoy_pids, gpu_used, lock_holder, trainer_pids
+from tests.support.datagen import WORK, generated_rows, reset_pipeline, wait_pipeline_finished
+from tests.support.lab import lab_status, restore_trainer, trainer
+from tests.support.paths import LAB_INVENTORY
+from tests.support.playbook import run_playbook
+from tests.support.ssh import attach
+from tests.support.ssh import in_ct as ct
+from tests.support.stop_training import FAST, REPURPOSE_PLAYBOOK, STUBBORN
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def lab(lab):
+    yield lab
+    # Leave the lab as other suites expect it: the default trainer running (never taken down).
+    restore_trainer()
+
 
 PVEOPS = {"ansible_user": "pveops"}
 SUDO_PCT = ["sudo", "-n", "/usr/sbin/pct"]
 # both halves: the stop ladder kept short, sglang_datagen with the lab inventory's settings
-WHOLE = dict(_h.STUBBORN, repurpose_datagen=True)
+WHOLE = dict(STUBBORN, repurpose_datagen=True)
 
 
 def play_json(extra: dict) -> tuple[int, dict, str]:
@@ -60,18 +60,14 @@ def play_json(extra: dict) -> tuple[int, dict, str]:
     A result of a step delegated to another host is filed under ct200 too (its
     ``_ansible_delegated_vars`` say where it ran).
     """
-    env = dict(_h.env(), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
-    done = subprocess.run(_h.argv(dict(extra, **PVEOPS)), cwd=_h.ROOT, env=env, capture_output=True, text=True, timeout=800, check=False)
-    try:
-        data = json.loads(done.stdout)
-    except ValueError:
-        raise AssertionError("no JSON (rc %s): %s %s" % (done.returncode, done.stdout[-3000:], done.stderr[-3000:])) from None
+    done = run_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, [FAST, dict(extra, **PVEOPS)], json_results=True,
+                        timeout=800)
     tasks: dict = {}
-    for play in data["plays"]:
+    for play in done.json["plays"]:
         for task in play["tasks"]:
             if "ct200" in task["hosts"]:
                 tasks.setdefault(task["task"]["name"], []).append(task["hosts"]["ct200"])
-    return done.returncode, tasks, done.stderr
+    return done.rc, tasks, done.stderr
 
 
 def task(tasks: dict, prefix: str) -> dict:
@@ -140,10 +136,10 @@ def changed_steps(tasks: dict) -> list[str]:
 
 def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     only_pct_rule(lab)
-    _h.trainer("stubborn")
-    assert _h.trainer_pids(lab)
-    decoys = _h.decoy_pids(lab)
-    _d.reset_pipeline(lab)
+    trainer("stubborn")
+    assert trainer_pids(lab)
+    decoys = decoy_pids(lab)
+    reset_pipeline(lab)
     rc, tasks, err = play_json(WHOLE)
     assert rc == 0, err[-3000:]
     pre = task(tasks, "Pre-flight | Is the container running (asked on its PVE host)")
@@ -151,18 +147,18 @@ def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     only_pct_through_sudo_as_pveops(tasks, lab)
     text = summary(tasks)
     assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free" in text, text
-    assert not _h.trainer_pids(lab)
-    assert _h.decoy_pids(lab) == decoys
-    assert max(_h.gpu_used(lab).values()) <= 512
-    assert _h.lock_holder(lab) is None
+    assert not trainer_pids(lab)
+    assert decoy_pids(lab) == decoys
+    assert max(gpu_used(lab).values()) <= 512
+    assert lock_holder(lab) is None
 
     # the second half ran too, through the same pveops session: the pipeline finishes after the play
     assert pipeline_report(tasks).startswith(("pipeline: started", "pipeline: running")), pipeline_report(tasks)
-    _d.wait_pipeline_finished(lab, 300)
-    rows = _d.generated_rows(lab)
-    prepared = {json.loads(line)["id"] for line in _d.in_ct(lab, "cat", f"{_d.WORK}/prompts.jsonl").stdout.splitlines()}
+    wait_pipeline_finished(lab, 300)
+    rows = generated_rows(lab)
+    prepared = {json.loads(line)["id"] for line in attach(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()}
     assert prepared and {r["id"] for r in rows} >= prepared, (len(rows), len(prepared))
-    tokenized = json.loads(_d.in_ct(lab, "cat", f"{_d.WORK}/tokenized/manifest.json").stdout)
+    tokenized = json.loads(attach(lab, "cat", f"{WORK}/tokenized/manifest.json").stdout)
     assert tokenized["rows_out"] == len(prepared), tokenized
 
     # again as pveops: nothing left to do in either half
@@ -172,15 +168,15 @@ def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     assert "Stopped: nothing, no process was selected" in summary(tasks), summary(tasks)
     assert pipeline_report(tasks).startswith("pipeline: finished for this config"), pipeline_report(tasks)
     only_pct_through_sudo_as_pveops(tasks, lab)
-    assert not _h.trainer_pids(lab)
+    assert not trainer_pids(lab)
 
 
 def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
     only_pct_rule(lab)
-    _h.trainer("graceful")
-    _h.ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345 >/dev/null 2>&1 </dev/null")
-    stray = _h.wait_for(lambda: {p for p, a in _h.ct_processes(lab).items() if "fakegpu.py hold" in a}, 30, "the stray holder")
-    init_before = _h.ct_init_pid(lab)
+    trainer("graceful")
+    ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345 >/dev/null 2>&1 </dev/null")
+    stray = wait_for(lambda: {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a}, 30, "the stray holder")
+    init_before = ct_init_pid(lab)
     try:
         rc, tasks, err = play_json({"stop_training_gpu_timeout": 10, "stop_training_restart_container": True,
                                     "stop_training_restart_timeout": 8})
@@ -197,12 +193,12 @@ def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
         assert polled["cmd"] == SUDO_PCT + ["status", "200"] and polled["ct_status"] == "running"
         text = summary(tasks)
         assert "LAST RUNG WAS NEEDED: CT 200 was restarted from lab-pve (pct stop + pct start" in text, text
-        assert _h.lab_status()["containers"]["200"] == "running"
-        assert _h.ct_init_pid(lab) not in (None, init_before)
-        assert not {p for p, a in _h.ct_processes(lab).items() if "fakegpu.py hold" in a}
-        assert max(_h.gpu_used(lab).values()) <= 512
-        assert _h.lock_holder(lab) is None
+        assert lab_status()["containers"]["200"] == "running"
+        assert ct_init_pid(lab) not in (None, init_before)
+        assert not {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a}
+        assert max(gpu_used(lab).values()) <= 512
+        assert lock_holder(lab) is None
     finally:
-        if (_h.lab_status() or {}).get("containers", {}).get("200") == "running":
-            for pid in {p for p, a in _h.ct_processes(lab).items() if "fakegpu.py hold" in a} & stray:
-                _h.ct(lab, "kill", "-KILL", str(pid), check=False)
+        if (lab_status() or {}).get("containers", {}).get("200") == "running":
+            for pid in {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a} & stray:
+                ct(lab, "kill", "-KILL", str(pid), check=False)

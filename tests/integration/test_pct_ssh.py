@@ -12,17 +12,14 @@ back byte for byte. The lab is never brought down; skipped when it is not up.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "tests" / "lab" / "lab"
-BIN = Path(sys.executable).parent
+from tests.support.inventory import pct_ssh_hostvars
+from tests.support.playbook import run_json_play
+from tests.support.ssh import on_host
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
@@ -38,63 +35,6 @@ MATRIX = {
 HOSTILE_ARGV = ["it's", "$HOME", "`id`", 'say "hi"', "a;b && c | d", "\u00e9t\u00e9 \u65e5\u672c", "line1\nline2", "200; reboot"]
 
 
-def lab_status() -> dict:
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    if not LAB.exists():
-        pytest.skip("tests/lab/lab is missing")
-    done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-    try:
-        status = json.loads(done.stdout)
-    except ValueError:
-        pytest.skip("tests/lab/lab status gave no JSON: %s" % done.stderr.strip()[-300:])
-    if not status.get("up") or status.get("containers", {}).get("200") != "running":
-        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
-    return status
-
-
-def base_vars(status: dict, **extra) -> dict:
-    base = dict(
-        ansible_connection="gpuops.repurpose.pct_ssh",
-        ansible_host=status["host"],
-        ansible_port=status["port"],
-        ansible_user="root",
-        ansible_ssh_private_key_file=status["key"],
-        ansible_pct_ssh_known_hosts_file=status["known_hosts"],
-        ansible_python_interpreter="/usr/bin/python3",
-        proxmox_vmid=200,
-    )
-    base.update(extra)
-    return base
-
-
-def run_playbook(tmp: Path, hosts: dict, play: str, timeout: int = 600) -> dict:
-    """Run PLAY against HOSTS; return {task name: {host: result}} from the JSON callback."""
-    inv = tmp / "inventory.json"
-    inv.write_text(json.dumps({"all": {"hosts": hosts}}))
-    pb = tmp / "play.yml"
-    pb.write_text(play)
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
-        ANSIBLE_FORKS=str(len(hosts)),
-        ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp / "cp"),
-    )
-    done = subprocess.run(
-        [str(BIN / "ansible-playbook"), "-i", str(inv), str(pb)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
-    try:
-        data = json.loads(done.stdout)
-    except ValueError:
-        raise AssertionError("ansible-playbook gave no JSON (rc %s): %s %s" % (done.returncode, done.stdout[-2000:], done.stderr[-2000:])) from None
-    out: dict = {}
-    for play_data in data["plays"]:
-        for task in play_data["tasks"]:
-            out.setdefault(task["task"]["name"], {}).update(task["hosts"])
-    return out
-
-
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -104,8 +44,8 @@ def sha256(path: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory):
-    status = lab_status()
+def suite(lab, tmp_path_factory):
+    status = lab
     tmp = tmp_path_factory.mktemp("pct_ssh_suite")
     src = tmp / "src"
     src.mkdir()
@@ -119,7 +59,7 @@ def suite(tmp_path_factory):
     hosts = {}
     for name, (user, pipelining, method, big) in MATRIX.items():
         files = ["empty.bin", "binary.bin", "donn\u00e9es \u65e5\u672c 'q' $x.txt"] + (["big.bin"] if big else [])
-        hosts[name] = base_vars(
+        hosts[name] = pct_ssh_hostvars(
             status,
             ansible_user=user,
             ansible_pipelining=pipelining,
@@ -130,59 +70,8 @@ def suite(tmp_path_factory):
         )
         if name == "root_direct":
             hosts[name]["ansible_pct_ssh_control_persist"] = 0
-    play = """
-- hosts: all
-  gather_facts: false
-  vars:
-    d: "/tmp/pct_ssh_it-{{ inventory_hostname }}"
-  tasks:
-    - name: raw
-      ansible.builtin.raw: "echo out; echo err >&2; exit 3"
-      register: raw
-      failed_when: false
-    - name: argv
-      ansible.builtin.command:
-        argv: %s
-        expand_argument_vars: false
-    - name: shell
-      ansible.builtin.shell: printf '%%s|' "it's" '$HOME' "$((6*7))" 'x"y' "$(printf 'n\\n')" `printf bt`
-    - name: whoami
-      ansible.builtin.command: id -un
-    - name: become nobody inside the container
-      ansible.builtin.command: id -un
-      become: true
-      become_user: nobody
-      become_method: ansible.builtin.su  # the container has no sudo; su runs as root without a password
-      become_flags: "-s /bin/sh"  # nobody's login shell is nologin
-    - name: mkdir
-      ansible.builtin.file:
-        path: "{{ d }}"
-        state: directory
-        mode: "0755"
-    - name: copy
-      ansible.builtin.copy:
-        src: "{{ it_src }}/{{ item }}"
-        dest: "{{ d }}/{{ item }}"
-        mode: "0640"
-      loop: "{{ it_files }}"
-    - name: stat
-      ansible.builtin.stat:
-        path: "{{ d }}/{{ item }}"
-        checksum_algorithm: sha256
-      loop: "{{ it_files }}"
-    - name: fetch
-      ansible.builtin.fetch:
-        src: "{{ d }}/{{ item }}"
-        dest: "{{ it_fetch }}/{{ item }}"
-        flat: true
-      loop: "{{ it_files }}"
-    - name: cleanup
-      ansible.builtin.file:
-        path: "{{ d }}"
-        state: absent
-""" % json.dumps(["printf", "%s\\n"] + HOSTILE_ARGV)
     before = host_tmp_dirs(status)
-    results = run_playbook(tmp, hosts, play)
+    results = run_json_play(tmp, hosts, "pct_ssh_suite", [{"it_argv": ["printf", "%s\\n"] + HOSTILE_ARGV}])
     results["_masters"] = masters(tmp / "cp")
     results["_master_logins"] = master_logins(tmp / "cp")
     return results, src, tmp, before
@@ -265,18 +154,13 @@ def test_matrix_covers_the_200mb_file_for_root_sudo_and_cat(suite):
 
 def host_tmp_dirs(status: dict) -> set:
     """The pct_ssh temporary directories in the lab host's /tmp (plain OpenSSH, not the plugin)."""
-    done = subprocess.run(
-        ["ssh", "-p", str(status["port"]), "-i", status["key"], "-o", "UserKnownHostsFile=%s" % status["known_hosts"],
-         "-o", "StrictHostKeyChecking=yes", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-         "root@%s" % status["host"], "ls -a /tmp"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )
+    done = on_host(status, "ls -a /tmp", check=False)
     assert done.returncode == 0, done.stderr
     return {n for n in done.stdout.split() if n.startswith(".pct_ssh-")}
 
 
-def test_no_temporary_files_left_on_the_host(suite):
-    assert host_tmp_dirs(lab_status()) <= suite[3]
+def test_no_temporary_files_left_on_the_host(lab, suite):
+    assert host_tmp_dirs(lab) <= suite[3]
 
 
 def test_one_shared_connection_per_host_user(suite):

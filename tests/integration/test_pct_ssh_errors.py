@@ -7,28 +7,15 @@ a good connection, and CT201 must still be stopped.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-
-def _helpers():
-    """The lab helpers of test_pct_ssh.py, loaded under their own name (test modules share one namespace)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pct_ssh_lab_helpers", Path(__file__).with_name("test_pct_ssh.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_h = _helpers()
-base_vars = _h.base_vars
-lab_status = _h.lab_status
-run_playbook = _h.run_playbook
+from tests.support.inventory import pct_ssh_hostvars as base_vars
+from tests.support.lab import lab_status, require_stopped
+from tests.support.playbook import run_json_play
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
 
@@ -53,35 +40,16 @@ def cases(status: dict, tmp: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def outcome(tmp_path_factory):
-    status = lab_status()
-    if status["containers"].get("201") != "stopped":
-        pytest.skip("CT201 is not stopped (another test started it)")
+def outcome(lab, tmp_path_factory):
+    status = lab
+    require_stopped(status)
     tmp = tmp_path_factory.mktemp("pct_ssh_errors")
     table = cases(status, tmp)
     recorded = tmp / "recorded_known_hosts"
     hosts = {name: dict(v[0]) for name, v in table.items()}
     # the one good case: accept and record an unknown host key when told to
     hosts["auto_add"] = base_vars(status, ansible_pct_ssh_known_hosts_file=str(recorded), ansible_pct_ssh_host_key_auto_add=True)
-    play = """
-- hosts: all
-  gather_facts: false
-  ignore_unreachable: true
-  ignore_errors: true
-  tasks:
-    - name: try
-      ansible.builtin.raw: touch /tmp/pct_ssh_marker_{{ inventory_hostname }}
-- hosts: auto_add
-  gather_facts: false
-  tasks:
-    - name: markers
-      ansible.builtin.find:
-        paths: /tmp
-        patterns: pct_ssh_marker_*
-    - name: remove markers
-      ansible.builtin.shell: rm -f /tmp/pct_ssh_marker_*
-"""
-    results = run_playbook(tmp, hosts, play, timeout=240)
+    results = run_json_play(tmp, hosts, "pct_ssh_errors", timeout=240)
     return table, results, recorded, status
 
 
@@ -112,6 +80,4 @@ def test_unknown_host_key_accepted_and_recorded_only_when_asked(outcome):
 
 
 def test_stopped_container_was_not_started(outcome):
-    done = subprocess.run([str(Path(__file__).resolve().parents[2] / "tests" / "lab" / "lab"), "status"],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert json.loads(done.stdout)["containers"]["201"] == "stopped"
+    assert lab_status()["containers"]["201"] == "stopped"

@@ -14,113 +14,22 @@ path, become to another user inside the container, and no ``/~pveops`` left.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-
-def _helpers():
-    """The lab helpers of test_pct_ssh.py, loaded under their own name (test modules share one namespace)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pct_ssh_lab_helpers_nonroot", Path(__file__).with_name("test_pct_ssh.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_h = _helpers()
-base_vars = _h.base_vars
-lab_status = _h.lab_status
-run_playbook = _h.run_playbook
+from tests.support.inventory import pct_ssh_hostvars as base_vars
+from tests.support.inventory import write_inventory
+from tests.support.paths import PLAYBOOKS
+from tests.support.playbook import ansible_env, run_json_play, run_playbook
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
 
 HOSTS = {"pveops_pipelined": True, "pveops_plain": False}
 
-PLAY = """
-- hosts: all
-  gather_facts: false
-  vars:
-    d: "/tmp/pct_ssh_nonroot-{{ inventory_hostname }}"
-  tasks:
-    - name: forget an earlier literal ~pveops (raw needs no temporary directory)
-      ansible.builtin.raw: rm -rf '/~pveops' "{{ d }}" "/root/pct_ssh_nonroot-{{ inventory_hostname }}"
-    - name: mkdir
-      ansible.builtin.file:
-        path: "{{ d }}"
-        state: directory
-        mode: "0755"
-    - name: async fire and forget
-      ansible.builtin.command: sh -c 'sleep 2; echo async-done'
-      async: 60
-      poll: 0
-      register: job
-    - name: async_status finds the job
-      ansible.builtin.async_status:
-        jid: "{{ job.ansible_job_id }}"
-      register: job_result
-      until: job_result.finished
-      retries: 30
-      delay: 1
-    - name: async polled
-      ansible.builtin.command: echo polled
-      async: 30
-      poll: 1
-      register: polled
-    - name: copy
-      ansible.builtin.copy:
-        content: "copied {{ inventory_hostname }}\\n"
-        dest: "{{ d }}/copied.txt"
-        mode: "0644"
-      register: copied
-    - name: template
-      ansible.builtin.template:
-        src: "{{ it_template }}"
-        dest: "{{ d }}/templated.txt"
-        mode: "0644"
-      register: templated
-    - name: copy to a ~ path
-      ansible.builtin.copy:
-        content: "home {{ inventory_hostname }}\\n"
-        dest: "~/pct_ssh_nonroot-{{ inventory_hostname }}"
-        mode: "0600"
-      register: home_copy
-    - name: fetch from a ~ path
-      ansible.builtin.fetch:
-        src: "~/pct_ssh_nonroot-{{ inventory_hostname }}"
-        dest: "{{ it_fetch }}/home.txt"
-        flat: true
-    - name: fetch
-      ansible.builtin.fetch:
-        src: "{{ d }}/templated.txt"
-        dest: "{{ it_fetch }}/templated.txt"
-        flat: true
-    - name: become nobody inside the container, non-pipelined files readable by it
-      ansible.builtin.command: id -un
-      become: true
-      become_user: nobody
-      become_method: ansible.builtin.su
-      become_flags: "-s /bin/sh"
-      register: nobody
-    - name: cleanup
-      ansible.builtin.file:
-        path: "{{ item }}"
-        state: absent
-      loop:
-        - "{{ d }}"
-        - "~/pct_ssh_nonroot-{{ inventory_hostname }}"
-    - name: no literal ~pveops anywhere
-      ansible.builtin.raw: "if test -e '/~pveops' || test -e '~pveops'; then echo LEFT; else echo clean; fi"
-"""
-
-
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    status = lab_status()
+def results(lab, tmp_path_factory):
+    status = lab
     tmp = tmp_path_factory.mktemp("pct_ssh_nonroot")
-    template = tmp / "t.j2"
-    template.write_text("templated {{ inventory_hostname }} for {{ ansible_user }}\n")
+    template = PLAYBOOKS / "templates" / "pct_ssh_nonroot.j2"
     hosts = {
         name: base_vars(
             status,
@@ -131,7 +40,7 @@ def results(tmp_path_factory):
         )
         for name, pipelining in HOSTS.items()
     }
-    return run_playbook(tmp, hosts, PLAY), tmp
+    return run_json_play(tmp, hosts, "pct_ssh_nonroot"), tmp
 
 
 @pytest.mark.parametrize("host", sorted(HOSTS))
@@ -169,30 +78,17 @@ def test_become_inside_the_container_and_nothing_left_under_a_literal_tilde(resu
     assert r["no literal ~pveops anywhere"][host]["stdout"].strip() == "clean"
 
 
-def test_ssh_only_variables_are_warned_about_once_and_change_nothing(tmp_path):
+def test_ssh_only_variables_are_warned_about_once_and_change_nothing(lab, tmp_path):
     """An inventory written for ssh (ansible_ssh_pipelining=false): one warning per name, and the tasks still run."""
-    import json
-    import os
-    import subprocess
-
-    status = lab_status()
     hosts = {
-        name: base_vars(status, ansible_user=user, ansible_ssh_pipelining=False, ansible_ssh_transfer_method="scp")
+        name: base_vars(lab, ansible_user=user, ansible_ssh_pipelining=False, ansible_ssh_transfer_method="scp")
         for name, user in (("as_root", "root"), ("as_pveops", "pveops"))
     }
-    (tmp_path / "inv.json").write_text(json.dumps({"all": {"hosts": hosts}}))
-    (tmp_path / "play.yml").write_text(
-        "- hosts: all\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.command: id -un\n    - ansible.builtin.command: id -un\n"
-    )
-    env = dict(os.environ, ANSIBLE_CONFIG=str(_h.ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"))
-    done = subprocess.run(
-        [str(_h.BIN / "ansible-playbook"), "-i", str(tmp_path / "inv.json"), str(tmp_path / "play.yml")],
-        cwd=_h.ROOT, env=env, capture_output=True, text=True, timeout=240, check=False,
-    )
-    out = " ".join((done.stdout + done.stderr).split())
-    assert done.returncode == 0, out[-3000:]
+    inventory = write_inventory(tmp_path / "inv.json", hosts)
+    done = run_playbook("id_twice", inventory, env=ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp")),
+                        timeout=240)
+    out = " ".join(done.output.split())
+    assert done.rc == 0, out[-3000:]
     assert "as_root : ok=2" in out and "as_pveops : ok=2" in out
     assert out.count("pct_ssh ignores ansible_ssh_pipelining") == 1
     assert out.count("pct_ssh ignores ansible_ssh_transfer_method") == 1

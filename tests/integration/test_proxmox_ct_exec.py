@@ -8,144 +8,23 @@ ensure_running case and stopped again at the end.
 
 from __future__ import annotations
 
-import json
-import subprocess
-from pathlib import Path
-
 import pytest
 
-
-def _helpers():
-    """The lab helpers of test_pct_ssh.py, loaded under their own name (test modules share one namespace)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pct_ssh_lab_helpers", Path(__file__).with_name("test_pct_ssh.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_h = _helpers()
-LAB = _h.LAB
-lab_status = _h.lab_status
-run_playbook = _h.run_playbook
+from tests.support.inventory import openssh_hostvars
+from tests.support.lab import lab_status, require_stopped
+from tests.support.playbook import run_json_play
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
 HOSTILE = ["it's", "$HOME", "`id`", "a;b", "\u00e9t\u00e9 \u65e5\u672c", "200; reboot"]
 
-PLAY = """
-- hosts: pve
-  gather_facts: false
-  module_defaults:
-    gpuops.repurpose.proxmox_ct_exec:
-      vmid: 200
-  tasks:
-    - name: check mode
-      gpuops.repurpose.proxmox_ct_exec:
-        argv: [touch, /tmp/proxmox_ct_exec_marker]
-      check_mode: true
-      register: r
-    - name: marker after check mode
-      gpuops.repurpose.proxmox_ct_exec:
-        argv: [test, -e, /tmp/proxmox_ct_exec_marker]
-      ignore_errors: true
-    - name: argv
-      gpuops.repurpose.proxmox_ct_exec:
-        argv: %(argv)s
-    - name: shell text, chdir, env, stdin
-      gpuops.repurpose.proxmox_ct_exec:
-        command: 'pwd; printf "%%s\\n" "$GREETING"; cat'
-        chdir: /etc
-        env:
-          GREETING: "h\\u00e9 $x `y`"
-        stdin: "from stdin"
-    - name: streams apart and rc
-      gpuops.repurpose.proxmox_ct_exec:
-        argv: [/bin/sh, -c, "echo o; echo e >&2; exit 5"]
-      ignore_errors: true
-    - name: creates skips
-      gpuops.repurpose.proxmox_ct_exec:
-        argv: [touch, /tmp/proxmox_ct_exec_marker]
-        creates: /etc/hostname
-    - name: removes skips
-      gpuops.repurpose.proxmox_ct_exec:
-        argv: [touch, /tmp/proxmox_ct_exec_marker]
-        removes: /nonexistent/proxmox_ct_exec
-    - name: chdir missing
-      gpuops.repurpose.proxmox_ct_exec:
-        argv: [touch, marker]
-        chdir: /nonexistent/dir
-      ignore_errors: true
-    - name: timeout
-      gpuops.repurpose.proxmox_ct_exec:
-        argv: [/bin/sh, -c, "sleep 171 & sleep 172 & exec sleep 173"]
-        timeout: 2
-        kill_after: 1
-      ignore_errors: true
-    - name: survivors
-      gpuops.repurpose.proxmox_ct_exec:
-        command: "pgrep -f 'sleep 17[123]' || true"
-    - name: vmid injection
-      gpuops.repurpose.proxmox_ct_exec:
-        vmid: "200; reboot"
-        argv: [touch, /tmp/proxmox_ct_exec_marker]
-      ignore_errors: true
-    - name: vmid missing
-      gpuops.repurpose.proxmox_ct_exec:
-        vmid: 999
-        argv: ["true"]
-      ignore_errors: true
-    - name: stopped without ensure_running
-      gpuops.repurpose.proxmox_ct_exec:
-        vmid: 201
-        argv: [touch, /tmp/proxmox_ct_exec_marker]
-      ignore_errors: true
-    - name: stopped, check mode
-      gpuops.repurpose.proxmox_ct_exec:
-        vmid: 201
-        argv: [hostname]
-        ensure_running: true
-      check_mode: true
-    - name: status after check mode
-      ansible.builtin.command: /usr/sbin/pct status 201
-      changed_when: false
-    - name: stopped, started
-      block:
-        - name: ensure_running
-          gpuops.repurpose.proxmox_ct_exec:
-            vmid: 201
-            argv: [hostname]
-            ensure_running: true
-            start_timeout: 120
-      always:
-        - name: stop CT201 again
-          ansible.builtin.command: /usr/sbin/pct stop 201
-          changed_when: true
-    - name: markers in CT200
-      gpuops.repurpose.proxmox_ct_exec:
-        command: "ls /tmp/proxmox_ct_exec_marker 2>/dev/null || true"
-"""
-
-
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    status = lab_status()
-    if status["containers"].get("201") != "stopped":
-        pytest.skip("CT201 is not stopped (another test started it)")
+def results(lab, tmp_path_factory):
+    status = lab
+    require_stopped(status)
     tmp = tmp_path_factory.mktemp("proxmox_ct_exec")
-    hosts = {
-        "pve": dict(
-            ansible_connection="ansible.builtin.ssh",
-            ansible_host=status["host"],
-            ansible_port=status["port"],
-            ansible_user="root",
-            ansible_ssh_private_key_file=status["key"],
-            ansible_ssh_common_args="-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes" % status["known_hosts"],
-            ansible_python_interpreter="/usr/bin/python3",
-        )
-    }
-    out = run_playbook(tmp, hosts, PLAY % {"argv": json.dumps(["printf", "%s\\n"] + HOSTILE)}, timeout=400)
+    hosts = {"pve": openssh_hostvars(status)}
+    out = run_json_play(tmp, hosts, "proxmox_ct_exec", [{"it_argv": ["printf", "%s\\n"] + HOSTILE}], timeout=400)
     return {name: host["pve"] for name, host in out.items()}
 
 
@@ -224,5 +103,4 @@ def test_no_marker_from_refused_or_check_mode_runs(results):
 
 
 def test_lab_left_as_found(results):
-    done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-    assert json.loads(done.stdout)["containers"] == {"200": "running", "201": "stopped"}
+    assert lab_status()["containers"] == {"200": "running", "201": "stopped"}

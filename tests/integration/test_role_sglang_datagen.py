@@ -20,23 +20,17 @@ lab is not up.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "tests" / "lab" / "lab"
-BIN = Path(sys.executable).parent
-CONVERGE = ROOT / "tests" / "integration" / "sglang_datagen" / "converge.yml"
-INVENTORY = ROOT / "inventories" / "lab"
-LAB_VARS = INVENTORY / "group_vars" / "training_containers.yml"
-WORK = "/srv/datagen/work"
+from tests.support.datagen import CONVERGE, LAB_VARS_FILE, WORK, generated_rows, reset_pipeline, wait_pipeline_finished
+from tests.support.paths import LAB_INVENTORY
+from tests.support.playbook import run_playbook
+from tests.support.ssh import attach as in_ct
+
 ROUTER = "http://127.0.0.1:30000"
 WORKERS = [f"http://127.0.0.1:{31000 + i}" for i in range(8)]
 # inside CT200: every server's /metrics as {url: {name: value}} ({} for one that does not answer)
@@ -72,35 +66,6 @@ print(json.dumps({"rows": len(rows), "distinct": len({r["id"] for r in rows}), "
 """
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
-
-
-def lab_status():
-    if not LAB.exists():
-        return None
-    try:
-        done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-        return json.loads(done.stdout)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
-
-
-@pytest.fixture(scope="module")
-def lab():
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    status = lab_status()
-    if not status or not status.get("up") or status.get("containers", {}).get("200") != "running":
-        pytest.skip("the CT200 lab is not up with CT200 running (run: tests/lab/lab up)")
-    return status
-
-
-def in_ct(lab, *argv, check=True):
-    """A command inside CT200, straight through lxc-attach (the lab's own path, not the code under test)."""
-    done = subprocess.run(["lxc-attach", "-P", lab["lxcpath"], "-n", "200", "--", *argv],
-                          capture_output=True, text=True, timeout=60, check=False)
-    if check and done.returncode != 0:
-        raise AssertionError(f"{argv}: rc={done.returncode} {done.stderr}")
-    return done
 
 
 def server_metrics(lab):
@@ -147,52 +112,23 @@ def router_workers(lab):
     return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", ROUTER_WORKERS_PY, ROUTER).stdout)
 
 
-def reset_pipeline(lab):
-    """A pipeline that must run again: no finished marker, no generated rows."""
-    in_ct(lab, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json",
-          f"{WORK}/generate.errors.jsonl", f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report")
-
-
-def wait_pipeline_finished(lab, timeout):
-    """The pipeline runs on after the play: wait (bounded) until its unit has finished all its stages."""
-    deadline = time.monotonic() + timeout
-    while True:
-        state = in_ct(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
-        marker = in_ct(lab, "test", "-s", f"{WORK}/pipeline.done", check=False).returncode == 0
-        if state in ("inactive", "failed") and marker:
-            return
-        assert state != "failed", in_ct(lab, "journalctl", "-u", "datagen-pipeline", "--no-pager", check=False).stdout
-        assert time.monotonic() < deadline, f"pipeline still {state}: " + in_ct(
-            lab, "journalctl", "-u", "datagen-pipeline", "--no-pager", "-n", "40", check=False).stdout
-        time.sleep(1)
-
-
-def generated_rows(lab):
-    """The rows of generated.jsonl so far."""
-    return [json.loads(line) for line in in_ct(lab, "cat", f"{WORK}/generated.jsonl", check=False).stdout.splitlines()]
-
-
 def lab_worker_args(*extra):
     """Extra vars: the lab inventory's worker arguments, then ``extra`` (the stand-in's argparse: the last wins)."""
-    args = yaml.safe_load(LAB_VARS.read_text())["sglang_datagen_worker_extra_args"]
+    args = yaml.safe_load(LAB_VARS_FILE.read_text())["sglang_datagen_worker_extra_args"]
     return json.dumps({"sglang_datagen_worker_extra_args": [*args, *extra]})
 
 
 def play_result(*extra):
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_FORCE_COLOR="0")
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(CONVERGE), *extra],
-                          capture_output=True, text=True, timeout=800, cwd=str(ROOT), env=env, check=False)
+    return run_playbook(CONVERGE, LAB_INVENTORY, args=extra, timeout=800)
 
 
 def play(*extra):
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", ANSIBLE_FORCE_COLOR="0")
-    done = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(CONVERGE), *extra],
-                          capture_output=True, text=True, timeout=800, cwd=str(ROOT), env=env, check=False)
+    done = play_result(*extra)
     recap = re.search(r"ct200\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", done.stdout)
     # the failing task's first lines, then the tail: a long loop result can push the reason out of the tail
     fatal = [line[:400] for line in done.stdout.splitlines() if line.startswith(("fatal:", "failed:"))
              or "UNREACHABLE!" in line][:5]
-    assert done.returncode == 0 and recap, "\n".join(fatal) + "\n" + done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.rc == 0 and recap, "\n".join(fatal) + "\n" + done.stdout[-4000:] + done.stderr[-2000:]
     return done.stdout, int(recap.group(2))
 
 
@@ -284,7 +220,7 @@ def test_role_waits_for_a_worker_held_back_then_fails_naming_it(lab):
         elapsed = time.monotonic() - t0
     finally:
         in_ct(lab, "rm", "-f", "/run/standin/hold-31005")
-    assert done.returncode != 0, done.stdout[-3000:]
+    assert done.rc != 0, done.stdout[-3000:]
     text = " ".join(done.stdout.split())
     found = re.search(r"(\S+) of 8 SGLang workers not ready after sglang_datagen_ready_timeout=6s: (.*?) Check the units",
                       text)

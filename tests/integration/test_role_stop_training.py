@@ -16,186 +16,36 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "tests" / "lab" / "lab"
-BIN = Path(sys.executable).parent
-PLAYBOOK = ROOT / "playbooks" / "repurpose_ct200.yml"
-INVENTORY = ROOT / "inventories" / "lab"
-LOCK = "/run/gpuops-repurpose/stop_training.lock"
-TRAINER_RE = re.compile(r"^\S*python[0-9.]*\s+(-\S+\s+)*\S*fake_trainer\.py(\s|$)")
-# Short rungs keep the suite quick; the role's defaults are the incident's.
-FAST = {
-    "repurpose_datagen": False,
-    "stop_training_ladder": [
-        {"signal": "SIGINT", "via": "tmux", "timeout": 20},
-        {"signal": "SIGTERM", "timeout": 10},
-        {"signal": "SIGKILL", "timeout": 5},
-    ],
-    "stop_training_kill_timeout": 5,
-    "stop_training_gpu_timeout": 30,
-    "stop_training_gpu_interval": 0.2,
-    "stop_training_restart_timeout": 60,
-}
-STUBBORN = dict(FAST, stop_training_ladder=[
-    {"signal": "SIGINT", "via": "tmux", "timeout": 6},
-    {"signal": "SIGTERM", "timeout": 4},
-    {"signal": "SIGKILL", "timeout": 5},
-])
+from tests.support.ct200 import (
+    TRAINER_RE,
+    ct_init_pid,
+    ct_processes,
+    decoy_pids,
+    gpu_used,
+    lock_holder,
+    pane_pids,
+    trainer_pids,
+)
+from tests.support.lab import lab_status, require_stopped, restore_trainer, trainer
+from tests.support.paths import ROOT
+from tests.support.playbook import ansible_env, read_until, recap
+from tests.support.ssh import in_ct as ct
+from tests.support.stop_training import STUBBORN, argv, play, start
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 
-# ---------------------------------------------------------------- lab helpers
-
-def lab_status() -> dict | None:
-    if not LAB.exists():
-        return None
-    try:
-        done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-        return json.loads(done.stdout)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
-
-
 @pytest.fixture(scope="module")
-def lab():
-    status = lab_status()
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    if not status or not status.get("up"):
-        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
-    yield status
+def lab(lab):
+    yield lab
     # Leave the lab as other suites expect it: the default trainer running (never taken down).
-    subprocess.run([str(LAB), "trainer", "graceful"], capture_output=True, timeout=300, check=False)
-
-
-def trainer(behaviour: str) -> dict:
-    """(Re)start the dflash trainer; the lab waits until it prints step lines."""
-    done = subprocess.run([str(LAB), "trainer", behaviour], capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr + done.stdout
-    return json.loads(done.stdout)
-
-
-def ct(status: dict, *argv: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
-    """Run argv in CT200 the way an operator does: ssh to the PVE host, then pct exec."""
-    ssh = [
-        "ssh", "-p", str(status["port"]), "-i", status["key"],
-        "-o", "UserKnownHostsFile=" + status["known_hosts"], "-o", "StrictHostKeyChecking=yes",
-        "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-        "root@" + status["host"],
-    ]
-    # ssh hands the remote shell one string: quote the argv once for it.
-    remote = shlex.join(["pct", "exec", "200", "--", *argv])
-    done = subprocess.run(ssh + [remote], capture_output=True, text=True, timeout=timeout, check=False)
-    if check:
-        assert done.returncode == 0, "pct exec %s: %s%s" % (argv, done.stdout, done.stderr)
-    return done
-
-
-def ct_processes(status: dict) -> dict[int, str]:
-    out = ct(status, "ps", "-eo", "pid=,args=").stdout
-    procs = {}
-    for line in out.splitlines():
-        pid, _sep, args = line.strip().partition(" ")
-        if pid.isdigit():
-            procs[int(pid)] = args.strip()
-    return procs
-
-
-def trainer_pids(status: dict) -> set[int]:
-    return {pid for pid, args in ct_processes(status).items() if TRAINER_RE.search(args)}
-
-
-def decoy_pids(status: dict) -> set[int]:
-    """The lab's decoys: the networkd-dispatcher-like daemon, the editor, the monitor loop."""
-    return {pid for pid, args in ct_processes(status).items()
-            if "networkd-dispatcher" in args or args.startswith(("vi ", "watch "))}
-
-
-def gpu_used(status: dict) -> dict[str, int]:
-    """Memory per GPU from the fake GPUs' own state (the truth the modules are judged against)."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "lab" / "fakegpu" / "fakegpu.py"), "--dir", status["fakegpu"]["dir"], "state"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )
-    return {str(k): int(v) for k, v in json.loads(done.stdout)["used_mib"].items()}
-
-
-def lock_holder(status: dict) -> dict | None:
-    done = ct(status, "cat", LOCK, check=False)
-    return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
-
-
-# ---------------------------------------------------------------- ansible-playbook
-
-def env() -> dict:
-    e = dict(os.environ)
-    e.update({
-        "PATH": "%s:%s" % (BIN, e.get("PATH", "")),
-        "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_FORCE_COLOR": "0",
-        "PYTHONUNBUFFERED": "1",
-    })
-    return e
-
-
-def argv(extra: dict | None = None, *args: str) -> list[str]:
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(PLAYBOOK), "-e", json.dumps(FAST)]
-    if extra:
-        cmd += ["-e", json.dumps(extra)]
-    return cmd + list(args)
-
-
-def play(extra: dict | None = None, *args: str, timeout: float = 600) -> tuple[int, str]:
-    done = subprocess.run(argv(extra, *args), cwd=ROOT, env=env(), capture_output=True, text=True,
-                          timeout=timeout, check=False)
-    return done.returncode, done.stdout + done.stderr
-
-
-def start(extra: dict | None = None, *args: str) -> subprocess.Popen:
-    """ansible-playbook in its own process group (so a test can kill it like a cancelled AWX job)."""
-    return subprocess.Popen(argv(extra, *args), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def read_until(proc: subprocess.Popen, needle: str, timeout: float = 300) -> str:
-    """Output of ``proc`` up to and including the first line containing ``needle``."""
-    seen = []
-    deadline = time.monotonic() + timeout
-    for line in proc.stdout:
-        seen.append(line)
-        if needle in line:
-            return "".join(seen)
-        if time.monotonic() > deadline:
-            break
-    raise AssertionError("never saw %r; output:\n%s" % (needle, "".join(seen)[-4000:]))
-
-
-def recap(output: str, host: str = "ct200") -> dict[str, int]:
-    m = re.search(r"^%s\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)" % re.escape(host),
-                  output, re.M)
-    assert m, "no recap for %s in:\n%s" % (host, output[-3000:])
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
+    restore_trainer()
 
 
 # ---------------------------------------------------------------- tests
@@ -258,11 +108,6 @@ def test_check_mode_is_a_dry_run_that_shows_the_plan(graceful_trainer):
     assert decoy_pids(graceful_trainer) == decoys
     assert sum(gpu_used(graceful_trainer).values()) == sum(held.values()) > 0
     assert lock_holder(graceful_trainer) is None
-
-
-def pane_pids(status: dict, session: str) -> list[int]:
-    done = ct(status, "tmux", "list-panes", "-t", "=%s:" % session, "-F", "#{pane_pid}", check=False)
-    return [int(word) for word in done.stdout.split() if word.isdigit()] if done.returncode == 0 else []
 
 
 def test_tmux_selection_is_the_module_s_exact_session_pane_shell_kept_prefix_session_untouched(lab):
@@ -368,32 +213,6 @@ def test_orphaned_ranks_of_a_killed_launcher_are_named_never_success_then_stoppe
     assert not trainer_pids(lab) and max(gpu_used(lab).values()) <= 512
 
 
-def ct_init_pid(status: dict) -> int | None:
-    """CT200's init as a host PID (lxc-info on the lab's lxcpath): a new one means the container really restarted."""
-    done = subprocess.run(["lxc-info", "-P", status["lxcpath"], "-n", "200", "-p", "-H"],
-                          capture_output=True, text=True, timeout=30, check=False)
-    return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip().isdigit() else None
-
-
-@pytest.fixture()
-def reboot_hang(lab):
-    """The lab's reboot-hang fault (tests/lab/README.md "Faults"), switched on for CT200 only.
-
-    Always switched off again, and the lab restored: CT200 running (``lab up``) with the graceful trainer.
-    """
-    path = Path((lab_status() or lab).get("faults", {}).get("reboot_hang")
-                or os.path.join(lab.get("lab_dir", "/var/lib/gpuops-lab"), "faults", "reboot-hang"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("200\n", encoding="utf-8")
-    try:
-        yield path
-    finally:
-        path.unlink(missing_ok=True)
-        if (lab_status() or {}).get("containers", {}).get("200") != "running":
-            subprocess.run([str(LAB), "up"], capture_output=True, timeout=300, check=False)
-        trainer("graceful")
-
-
 def test_restart_rung_falls_back_to_stop_and_start_when_pct_reboot_hangs(lab, reboot_hang):
     """GPU memory never frees and `pct reboot` never completes: pct stop + pct start bring CT200 back."""
     trainer("graceful")
@@ -467,13 +286,12 @@ def test_concurrent_runs_one_fails_naming_the_holder_one_waits(lab):
 
 def test_stopped_container_is_reported_not_started_and_other_hosts_carry_on(lab, tmp_path):
     """CT201 (stopped) fails its own host only; CT200 in the same play is stopped as usual."""
-    if lab_status()["containers"].get("201") != "stopped":
-        pytest.skip("CT201 is not in its usual stopped state")
+    require_stopped(lab_status() or lab)
     trainer("graceful")
     extra = tmp_path / "ct201.yml"
     extra.write_text(json.dumps({"training_containers": {"hosts": {"ct201": {"proxmox_vmid": 201}}}}))
     cmd = argv(None, "-i", str(extra), "-e", "repurpose_serial=2")
-    done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(cmd, cwd=ROOT, env=ansible_env(), capture_output=True, text=True, timeout=600, check=False)
     out = done.stdout + done.stderr
     assert done.returncode != 0
     assert "CT 201 on lab-pve is stopped" in out and "never starts a container" in out

@@ -13,33 +13,18 @@ playbooks/repurpose_ct200.yml (converge), runs it again expecting no change
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "tests" / "lab" / "lab"
-BIN = Path(sys.executable).parent
+from tests.support.paths import BIN, ROOT
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 
-def lab_up() -> bool:
-    try:
-        done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-        return bool(json.loads(done.stdout).get("up"))
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return False
-
-
 @pytest.mark.parametrize("scenario", ["graceful", "stubborn", "orphans", "slow_checkpoint"])
-def test_molecule_scenario(scenario):
-    if os.geteuid() != 0 or not lab_up():
-        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up as root)")
+def test_molecule_scenario(lab, scenario):
     env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_NOCOLOR="1", NO_COLOR="1")
     done = subprocess.run([str(BIN / "molecule"), "test", "-s", scenario], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=850, check=False)

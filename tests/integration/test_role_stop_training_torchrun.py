@@ -16,29 +16,17 @@ defaults: its ``match`` (the lab inventory's fake-trainer match is put back to t
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 
 import pytest
 import yaml
-from test_role_stop_training import (
-    BIN,
-    INVENTORY,
-    LAB,
-    PLAYBOOK,
-    ROOT,
-    ct,
-    ct_processes,
-    decoy_pids,
-    env,
-    lab_status,
-    lock_holder,
-    pane_pids,
-    recap,
-    trainer,
-)
+
+from tests.support.ct200 import ct_processes, decoy_pids, lock_holder, pane_pids
+from tests.support.lab import restore_trainer, trainer
+from tests.support.paths import LAB_INVENTORY, ROOT
+from tests.support.playbook import recap, run_playbook
+from tests.support.ssh import in_ct as ct
+from tests.support.stop_training import REPURPOSE_PLAYBOOK
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
@@ -48,16 +36,11 @@ DECOY_SESSIONS = ("edit", "monitor")
 
 
 @pytest.fixture(scope="module")
-def lab():
-    status = lab_status()
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    if not status or not status.get("up"):
-        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
-    yield status
+def lab(lab):
+    yield lab
     # Back to the baseline every other suite expects: the fake trainer, on a tmux server started
     # without a command (the lab restarts the server when it leaves the torchrun behaviour).
-    subprocess.run([str(LAB), "trainer", "graceful"], capture_output=True, timeout=300, check=False)
+    restore_trainer()
 
 
 def role_defaults_play(status: dict) -> tuple[int, str]:
@@ -73,10 +56,8 @@ def role_defaults_play(status: dict) -> tuple[int, str]:
         "stop_training_checkpoint_patterns": ROLE_DEFAULTS["stop_training_checkpoint_patterns"],
         "stop_training_checkpoint_dir": status["trainer"]["ckpt_dir"],
     }
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), str(PLAYBOOK),
-           "-e", json.dumps(extra)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600, check=False)
-    return done.returncode, done.stdout + done.stderr
+    done = run_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, [extra], timeout=600)
+    return done.rc, done.output
 
 
 def tmux_server(status: dict) -> int:

@@ -16,70 +16,33 @@ The lab itself is never brought down. Skipped when the lab is not up.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from fake_trainer import verify_checkpoint
+from trainer_harness import alive, cmdline
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-LAB = os.path.join(ROOT, "tests", "lab", "lab")
-TRAINER = os.path.join(ROOT, "tests", "lab", "trainer", "fake_trainer.py")
-BIN = os.path.dirname(sys.executable)
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "trainer"))
-from fake_trainer import verify_checkpoint  # noqa: E402
-from trainer_harness import alive, cmdline  # noqa: E402
-from trainer_harness import wait_for as _wait_for  # noqa: E402
-
-sys.path.insert(0, os.path.join(ROOT, ".collections"))
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     container_vmid_from_cgroup,
     iter_processes,
 )
+from tests.support.lab import lab_cli, lab_lock
+from tests.support.paths import TRAINER_DIR
+from tests.support.playbook import run_adhoc
+from tests.support.ssh import on_host as ssh
+from tests.support.wait import wait_for
+
+TRAINER = str(TRAINER_DIR / "fake_trainer.py")
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
 PRECISE = r"^\S*python3 /opt/lab/trainer/fake_trainer\.py "
 # short rungs: a slow checkpoint is protected by progress_paths, not by a long first rung
 LADDER = [{"signal": "SIGINT", "timeout": 3}, {"signal": "SIGTERM", "timeout": 5}, {"signal": "SIGKILL", "timeout": 5}]
-
-
-def lab_status() -> dict | None:
-    try:
-        done = subprocess.run([LAB, "status"], capture_output=True, text=True, timeout=60, check=False)
-        return json.loads(done.stdout)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
-
-
-@pytest.fixture(scope="module")
-def lab() -> dict:
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    status = lab_status()
-    if not status or not status.get("up"):
-        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
-    return status
-
-
-def ssh(status: dict, *argv: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    """A command on the lab's PVE host (argv quoted once for its shell)."""
-    import shlex
-
-    cmd = ["ssh", "-p", str(status["port"]), "-i", status["key"], "-o", "UserKnownHostsFile=" + status["known_hosts"],
-           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-           "root@" + status["host"], shlex.join(argv)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    if check:
-        assert done.returncode == 0, "%s: %s%s" % (argv, done.stdout, done.stderr)
-    return done
 
 
 def trainer_procs(vmid: int) -> dict[int, int]:
@@ -98,41 +61,12 @@ def same(procs: dict[int, int]) -> bool:
 
 def module_on_host(status: dict, args: dict, check_mode: bool = False) -> dict:
     """Run the module on the lab's PVE host through real ansible; the parsed result."""
-    argv = [os.path.join(BIN, "ansible"), "lab-pve", "-i", os.path.join(ROOT, "inventories", "lab"), "-o",
-            "-m", "gpuops.repurpose.training_stop", "-a", json.dumps(args)]
-    if check_mode:
-        argv.append("--check")
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env, check=False)
+    done = run_adhoc("lab-pve", "gpuops.repurpose.training_stop", args, check=check_mode, options=["-o"])
     line = [ln for ln in done.stdout.splitlines() if ln.startswith("lab-pve | ")]
     assert line, done.stdout + done.stderr
     result = json.loads(line[0].split(" => ", 1)[1])
     result["ansible_rc"] = done.returncode
     return result
-
-
-def wait_for(predicate, timeout: float, what: str):
-    """Bounded wait; across containers and ssh, polled every 0.2 s."""
-    return _wait_for(predicate, timeout, 0.2, what=what)
-
-
-@contextlib.contextmanager
-def lab_lock(status: dict, timeout: float = 600):
-    """The lab's own operation lock (tests/lab/lab.py ``Lock``): no ``lab trainer`` restarts CT200 meanwhile."""
-    path = status["lock_file"]
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                assert time.monotonic() < end, "the lab lock %s stayed busy for %ss" % (path, timeout)
-                time.sleep(0.2)
-        yield
-    finally:
-        os.close(fd)
 
 
 def trainer_behaviour(procs: dict[int, int]) -> str | None:
@@ -177,7 +111,7 @@ def ensure_ct200_trainer(lab: dict) -> dict[int, int]:
     procs = trainer_procs(200)
     if len(procs) != 9:
         behaviour = lab.get("trainer", {}).get("behaviour") or "graceful"
-        subprocess.run([LAB, "trainer", behaviour], check=False, capture_output=True, timeout=300)
+        lab_cli("trainer", behaviour)
         procs = trainer_procs(200)
     return procs
 

@@ -15,27 +15,21 @@ Skipped with the reason when the lab is not up.
 from __future__ import annotations
 
 import copy
-import json
-import subprocess
 
 import pytest
 import yaml
-from test_role_stop_training import (
-    INVENTORY,
-    LAB,
-    ROOT,
-    ct,
-    env,
-    lock_holder,
-    play,
-    trainer,
-    trainer_pids,
-)
+
+from tests.support.ct200 import lock_holder, trainer_pids
+from tests.support.datagen import CONVERGE, LAB_VARS_FILE
+from tests.support.lab import trainer
+from tests.support.paths import LAB_INVENTORY
+from tests.support.playbook import run_playbook
+from tests.support.ssh import in_ct as ct
+from tests.support.stop_training import play
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
-LAB_VARS = yaml.safe_load((INVENTORY / "group_vars" / "training_containers.yml").read_text())
-CONVERGE = ROOT / "tests" / "integration" / "sglang_datagen" / "converge.yml"
+LAB_VARS = yaml.safe_load(LAB_VARS_FILE.read_text())
 WITH_DATAGEN = {"repurpose_datagen": True}
 MISSING_SOURCE = {"name": "lab", "adapter": "messages", "category": "general", "path": "/srv/datagen/sources/missing.jsonl"}
 
@@ -48,20 +42,9 @@ def lab_config(**changes) -> dict:
 
 
 @pytest.fixture(scope="module")
-def running_trainer():
-    import os
-
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    done = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-    try:
-        status = json.loads(done.stdout)
-    except ValueError:
-        status = {}
-    if not status.get("up") or status.get("containers", {}).get("200") != "running":
-        pytest.skip("the CT200 lab is not up with CT200 running (run: tests/lab/lab up)")
+def running_trainer(lab):
     trainer("graceful")
-    return status
+    return lab
 
 
 def flat(out: str) -> str:
@@ -160,12 +143,11 @@ def test_a_pipeline_that_fails_after_launch_fails_the_play_with_its_journal(runn
     refuses it, the unit loops in auto-restart, and the play fails with the journal lines."""
     bad = lab_config(sources=[{"name": "lab", "adapter": "messages", "category": "general",
                                "path": "/srv/datagen/sources/*.parquet"}])
-    cmd = [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "-i", str(INVENTORY), str(CONVERGE),
-           "-e", json.dumps({"sglang_datagen_config": bad, "sglang_datagen_pipeline_ready_timeout": 120})]
+    extra = {"sglang_datagen_config": bad, "sglang_datagen_pipeline_ready_timeout": 120}
     try:
-        done = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=800, check=False)
-        out = flat(done.stdout + done.stderr)
-        assert done.returncode != 0, out[-3000:]
+        done = run_playbook(CONVERGE, LAB_INVENTORY, [extra], timeout=800)
+        out = flat(done.output)
+        assert done.rc != 0, out[-3000:]
         assert "datagen-pipeline.service failed and loops in auto-restart" in out or \
             "datagen-pipeline.service failed" in out, out[-3000:]
         assert "no .jsonl/.json/.parquet file matches /srv/datagen/sources/*.parquet" in out, out[-3000:]

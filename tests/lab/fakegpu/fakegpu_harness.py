@@ -17,12 +17,12 @@ import subprocess
 import sys
 import time
 
+import fakegpu  # next to this file: on sys.path as the script directory, or via tests/support/paths.py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKEGPU = os.path.join(HERE, "fakegpu.py")
 NVIDIA_SMI = os.path.join(HERE, "nvidia-smi")
 
-sys.path.insert(0, HERE)
-import fakegpu  # noqa: E402
 
 
 class FakeGpus:

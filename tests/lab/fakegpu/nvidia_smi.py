@@ -11,12 +11,12 @@ broken backend.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
-import fakegpu  # noqa: E402
+# Run as a script (the nvidia-smi wrapper execs this file by its real path), so Python has put
+# this directory first on sys.path: fakegpu.py next to it is found in the tree and in the lab.
+import fakegpu
 
 # nvidia-smi(1) RETURN VALUE section
 RC_INVALID_ARG, RC_NOT_FOUND, RC_NO_DRIVER, RC_NO_NVML, RC_GPU_LOST = 2, 6, 9, 12, 15

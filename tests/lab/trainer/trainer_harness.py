@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+import fake_trainer  # next to this file: on sys.path as the script directory, or via tests/support/paths.py
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 TRAINER = os.path.join(HERE, "fake_trainer.py")
@@ -27,8 +29,6 @@ COLLECTIONS = os.path.join(ROOT, ".collections")
 MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.training_stop"
 PYTHON = sys.executable
 
-sys.path.insert(0, HERE)
-import fake_trainer  # noqa: E402
 
 verify_checkpoint = fake_trainer.verify_checkpoint
 latest_checkpoint = fake_trainer.latest_checkpoint

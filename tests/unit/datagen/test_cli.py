@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
-import dg_rows as fx
-
-
-def datagen(*args, timeout=120):
-    env = dict(os.environ, PYTHONPATH=fx.FILES)
-    return subprocess.run([sys.executable, "-m", "datagen", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd="/", check=False)
+from tests.support import datagen_rows as fx
+from tests.support.datagen_rows import run_cli as datagen
 
 
 def test_prepare_then_skip_then_report(tmp_path):

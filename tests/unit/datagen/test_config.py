@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-import dg_rows as fx
 import pytest
 import yaml
 
 from datagen.config import ConfigError, load_config, validate
+from tests.support import datagen_rows as fx
 
 
 def errors_of(tmp_path, sources=None, **top):

@@ -9,20 +9,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
+from harness import StandinProcess
 
 from datagen.generate import GenerateError, read_status, run_generate, settings_from_config
+from tests.support.net import free_port
+from tests.support.wait import wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 FILES = os.path.join(ROOT, "roles", "sglang_datagen", "files")
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import StandinProcess  # noqa: E402
 
 MODEL = "lab-model"
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.",
@@ -112,20 +111,6 @@ def count_rows(work):
         return 0
 
 
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_rows_carry_response_usage_sampling_server_and_explicit_thinking(tmp_path, standin):
     server = standin("--record-requests", str(tmp_path / "requests.jsonl"))
     rows = make_prompts(tmp_path / "prompts.jsonl", 60, tools_every=5, agent_every=5)
@@ -203,9 +188,9 @@ def test_kill_9_at_several_points_leaves_every_id_exactly_once(tmp_path, standin
         proc = start_cli(cfg_path, tmp_path)
         try:
             if kill_at == 0:  # before the first row lands: during start-up and the readiness gate
-                wait_for(lambda: os.path.exists(tmp_path / "generate.progress.json"), what="the run to start")
+                wait_for(lambda: os.path.exists(tmp_path / "generate.progress.json"), 30.0, "the run to start", interval=0.01)
             else:
-                wait_for(lambda n=kill_at: count_rows(tmp_path) >= n, what=f"{kill_at} rows")
+                wait_for(lambda n=kill_at: count_rows(tmp_path) >= n, 30.0, f"{kill_at} rows", interval=0.01)
                 status = read_status(str(tmp_path))  # seen from this process while the other one runs
                 assert status["running"] is True and status["total"] == 400
                 assert status["state"] in ("running", "waiting_for_servers")
@@ -238,7 +223,7 @@ def test_status_while_running_in_another_process_shows_rate_and_eta(tmp_path, st
     proc = start_cli(cfg_path, tmp_path)
     try:
         wait_for(lambda: (read_status(str(tmp_path)).get("tok_s") or 0) > 0 and count_rows(tmp_path) > 20,
-                 what="a rate in the progress file")
+                 30.0, "a rate in the progress file", interval=0.01)
         status = read_status(str(tmp_path))
         assert status["running"] and status["state"] == "running"
         assert 0 < status["done"] < status["total"] == 2000
@@ -261,7 +246,7 @@ def test_second_run_on_the_same_work_dir_is_refused(tmp_path, standin):
     raw = config(tmp_path, [server.url], concurrency=2)
     proc = start_cli(write_config(tmp_path, raw), tmp_path)
     try:
-        wait_for(lambda: count_rows(tmp_path) > 0, what="the first run")
+        wait_for(lambda: count_rows(tmp_path) > 0, 30.0, "the first run", interval=0.01)
         with pytest.raises(GenerateError, match="another generate run"):
             run_generate(settings_from_config(raw), str(tmp_path / "prompts.jsonl"), str(tmp_path))
     finally:

@@ -10,10 +10,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from harness import STANDIN, StandinProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import STANDIN, StandinProcess  # noqa: E402
 
 
 def post(url, body):

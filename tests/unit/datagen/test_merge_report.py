@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 
-import dg_rows as fx
 import pyarrow.parquet as pq
 import pytest
 
@@ -14,6 +13,7 @@ from datagen.merge import run_merge
 from datagen.report import composition, markdown_table, run_report
 from datagen.tokenize import load_tokenizer, run_tokenize
 from datagen.util import DatagenError
+from tests.support import datagen_rows as fx
 
 MIX = {"coding": 0.5, "math": 0.25, "general": 0.25}
 

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
-import dg_rows as fx
 import pyarrow.parquet as pq
 import pytest
-from test_cli import datagen
+from harness import StandinProcess
+
+from tests.support import datagen_rows as fx
+from tests.support.datagen_rows import run_cli as datagen
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import StandinProcess  # noqa: E402
 
 
 @pytest.fixture

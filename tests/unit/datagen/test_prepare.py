@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 
-import dg_rows as fx
 import pytest
 
 from datagen.config import load_config
 from datagen.prepare import run_prepare
 from datagen.util import DatagenError
+from tests.support import datagen_rows as fx
 
 
 def existing_rows():

@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import urllib.error
 import urllib.request
 
 import pytest
+from harness import RouterProcess, StandinProcess
 
 from datagen.sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
 
 pytest.importorskip("sglang_router", reason="the real sglang-router (requirements.txt) is not installed")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import RouterProcess, StandinProcess  # noqa: E402
 
 MESSAGES = [
     {"role": "system", "content": "You are an agent."},

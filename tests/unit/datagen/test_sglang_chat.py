@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
+from standin import sglang_template_inputs
 
 from datagen.sglang_chat import TOKEN_ID_FLAGS, template_inputs, token_ids_from_response
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from standin import sglang_template_inputs  # noqa: E402
 
 SGLANG = json.load(open(os.path.join(HERE, "fixtures", "sglang_chat.json")))
 CASES = sorted(SGLANG["template_inputs"])

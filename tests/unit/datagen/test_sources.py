@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-import dg_rows as fx
 import pytest
 
 from datagen.config import SourceSpec
 from datagen.sources import ADAPTERS, Unusable, adapt, infinity_category, iter_file, normalise_tools
+from tests.support import datagen_rows as fx
 
 
 def spec(adapter, **kw):

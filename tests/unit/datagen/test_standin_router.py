@@ -12,10 +12,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from harness import STANDIN, RouterProcess, StandinProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import STANDIN, RouterProcess, StandinProcess  # noqa: E402
 
 BUILDER = os.path.join(ROOT, "tests", "lab", "tokenizer", "build_tokenizer.py")
 LAB_TOKENIZER = os.path.join(ROOT, "tests", "lab", "tokenizer", "lab-tokenizer")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 
-import dg_rows as fx
 import pyarrow.parquet as pq
 import pytest
 
@@ -14,6 +13,7 @@ from datagen.config import load_config
 from datagen.sources import adapt
 from datagen.tokenize import load_tokenizer, mask_from_offsets, run_tokenize
 from datagen.util import DatagenError
+from tests.support import datagen_rows as fx
 
 generated = fx.generated_row
 

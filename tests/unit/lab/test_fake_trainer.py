@@ -9,11 +9,9 @@ import subprocess
 import sys
 import time
 
+import fake_trainer
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "lab", "trainer"))
-import fake_trainer  # noqa: E402
-from trainer_harness import (  # noqa: E402
+from trainer_harness import (
     TRAINER,
     Trainer,
     alive,

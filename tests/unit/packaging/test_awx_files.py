@@ -16,19 +16,12 @@ top-level definition as is.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import built_collection as bc  # noqa: E402
-
-
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", *args], cwd=cwd,
-                          check=True, capture_output=True, text=True).stdout
+from tests.support import built_collection as bc
 
 
 @pytest.fixture(scope="module")
@@ -37,24 +30,14 @@ def synced(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("awx")
     repo = work / "repo"
     bc.copy_checkout(repo)
-    _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "snapshot")
-    commit = _git(repo, "rev-parse", "HEAD").strip()
+    commit = bc.git_snapshot(repo)
 
     requirements = yaml.safe_load((bc.ROOT / "collections" / "requirements.yml").read_text(encoding="utf-8"))
     (entry,) = requirements["collections"]
     assert entry["type"] == "git" and entry["name"].endswith("/repurpose.git"), entry
-    local = dict(entry, name=f"file://{repo}", version=commit)  # the same source kind, served locally
-    req_file = work / "requirements.yml"
-    req_file.write_text(yaml.safe_dump({"collections": [local]}), encoding="utf-8")
-
     collections = work / "requirements_collections"
-    collections.mkdir()
-    done = subprocess.run(
-        [str(bc.BIN / "ansible-galaxy"), "collection", "install", "-r", str(req_file), "-p", str(collections)],
-        cwd=work, env=bc.installed_env(collections), capture_output=True, text=True, check=False,
-    )
+    # the same source kind, served locally
+    done = bc.install_requirements(entry, repo, commit, work / "requirements.yml", collections, cwd=work)
     assert done.returncode == 0, done.stdout + done.stderr
     version = yaml.safe_load((bc.ROOT / "galaxy.yml").read_text(encoding="utf-8"))["version"]
     assert f"gpuops.repurpose:{version} was installed successfully" in done.stdout, done.stdout

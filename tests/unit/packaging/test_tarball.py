@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import built_collection as bc  # noqa: E402
+from tests.support import built_collection as bc
 
 # The installed collection needs none of these: lab, tests, CI, dev scripts, molecule,
 # checkout-only config (the lab inventory points into tests/lab).

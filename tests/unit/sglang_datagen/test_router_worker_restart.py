@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,11 +19,10 @@ from pathlib import Path
 from typing import Optional
 
 import yaml
+from harness import RouterProcess, StandinProcess
 
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULTS = ROOT / "roles" / "sglang_datagen" / "defaults" / "main.yml"
-sys.path.insert(0, str(ROOT / "tests" / "lab" / "sglang_standin"))
-from harness import RouterProcess, StandinProcess  # noqa: E402
 
 
 def ask(router_url: str) -> bool:

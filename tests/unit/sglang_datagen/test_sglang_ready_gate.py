@@ -9,10 +9,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from harness import RouterProcess, StandinProcess
+
 ROOT = Path(__file__).resolve().parents[3]
 GATE = ROOT / "roles" / "sglang_datagen" / "files" / "ready_gate.py"
-sys.path.insert(0, str(ROOT / "tests" / "lab" / "sglang_standin"))
-from harness import RouterProcess, StandinProcess  # noqa: E402
 
 
 def run_gate(*args, timeout=60):

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-BIN = os.path.dirname(sys.executable)
+from tests.support import paths
+from tests.support.inventory import write_inventory
+from tests.support.net import free_port
+from tests.support.playbook import ansible_env, run_playbook
 
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+ROOT = str(paths.ROOT)
+BIN = str(paths.BIN)
 
 
 CASES = {
@@ -39,7 +36,7 @@ CASES = {
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pct_ssh_opts")
-    port = _closed_port()
+    port = free_port()  # nothing listens there
     hosts = {}
     for name, (variables, _dummy) in CASES.items():
         hosts[name] = dict(
@@ -50,19 +47,9 @@ def results(tmp_path_factory):
             ansible_ssh_timeout=3,
             ansible_pct_ssh_control_path_dir=str(tmp / "cp"),
         )
-    inv = tmp / "inventory.json"
-    inv.write_text(json.dumps({"all": {"hosts": hosts}}))
-    play = tmp / "play.yml"
-    play.write_text(
-        "- hosts: all\n  gather_facts: false\n  ignore_unreachable: true\n  ignore_errors: true\n"
-        "  tasks:\n    - ansible.builtin.raw: touch /tmp/pct_ssh_must_not_run\n"
-    )
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_FORKS="10", ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
-    proc = subprocess.run(
-        [os.path.join(BIN, "ansible-playbook"), "-i", str(inv), str(play)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    data = json.loads(proc.stdout)
-    return data["plays"][0]["tasks"][0]["hosts"]
+    inv = write_inventory(tmp / "inventory.json", hosts)
+    run = run_playbook("raw_must_not_run", inv, json_results=True, env=ansible_env(ANSIBLE_FORKS="10"), timeout=120)
+    return run.results["try"]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -8,18 +8,18 @@ one warning per name.
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import subprocess
-import sys
 
 import yaml
 
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh_vars
+from tests.support import paths
+from tests.support.inventory import write_inventory
+from tests.support.net import free_port
+from tests.support.playbook import run_playbook
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-BIN = os.path.dirname(sys.executable)
+ROOT = str(paths.ROOT)
+BIN = str(paths.BIN)
 
 
 def _doc_vars(documentation: str) -> dict:
@@ -64,26 +64,16 @@ def test_messages_name_the_variable_and_the_fix_without_hosts():
 
 
 def test_ansible_playbook_warns_once_per_name(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed: options are read before any connection
+    port = free_port()  # closed: options are read before any connection
     common = dict(
         ansible_connection="gpuops.repurpose.pct_ssh", ansible_host="127.0.0.1", ansible_port=port, ansible_ssh_timeout=3,
         proxmox_vmid=200, ansible_pct_ssh_control_path_dir=str(tmp_path / "cp"),
         ansible_ssh_pipelining=False, ansible_ssh_common_args="-o ProxyJump=bastion.example.internal",
     )
     hosts = {"a": dict(common), "b": dict(common), "plain": {k: v for k, v in common.items() if not k.startswith("ansible_ssh_") or k == "ansible_ssh_timeout"}}
-    (tmp_path / "inv.json").write_text(json.dumps({"all": {"hosts": hosts}}))
-    (tmp_path / "play.yml").write_text(
-        "- hosts: all\n  gather_facts: false\n  ignore_unreachable: true\n  ignore_errors: true\n"
-        "  tasks:\n    - ansible.builtin.raw: 'true'\n    - ansible.builtin.raw: 'true'\n"
-    )
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    done = subprocess.run(
-        [os.path.join(BIN, "ansible-playbook"), "-i", str(tmp_path / "inv.json"), str(tmp_path / "play.yml")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    out = " ".join((done.stdout + done.stderr).split())  # warnings are wrapped to the terminal width
+    inv = write_inventory(tmp_path / "inv.json", hosts)
+    done = run_playbook("raw_true_twice", inv, timeout=120)
+    out = " ".join(done.output.split())  # warnings are wrapped to the terminal width
     assert out.count("pct_ssh ignores ansible_ssh_pipelining") == 1, out[-3000:]
     assert out.count("set ansible_pct_ssh_pipelining (or ansible_pipelining) instead") == 1
     assert out.count("pct_ssh ignores ansible_ssh_common_args") == 1

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+from trainer_harness import ZOMBIE_LEADER, read_stat, wait_for
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     LadderError,
@@ -30,9 +31,6 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     parse_fdinfo_flags,
     read_starttime,
 )
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
-from trainer_harness import ZOMBIE_LEADER, read_stat, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from trainer_harness import wait_exec
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     ProcessInfo,
@@ -41,9 +42,6 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
 PVE_CT200 = "0::/lxc/200/ns/user.slice\n"
 PVE_CT201 = "0::/lxc/201/ns/user.slice\n"
 TRAIN = "/opt/lab/trainer/fake_trainer.py"
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
-from trainer_harness import wait_exec  # noqa: E402
 
 
 def proc(pid, ppid, cmd, pgid=None, sid=None, uid=0, cgroup="0::/user.slice\n", kthread=False, nspid=None):

@@ -11,15 +11,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
-from trainer_harness import (  # noqa: E402
+from trainer_harness import (
     PYTHON,
-    ROOT,
     TRAINER,
     ZOMBIE_LEADER,
     Decoy,
@@ -34,6 +30,8 @@ from trainer_harness import (  # noqa: E402
     run_module,
     wait_for,
 )
+
+from tests.support.playbook import run_playbook
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -384,38 +382,8 @@ def test_missing_tmux_session_or_server_selects_nothing(decoys, tmp_path, untouc
 
 def test_through_ansible_playbook_check_then_run_then_idempotent(job, tmp_path):
     trainer = job("graceful")
-    playbook = tmp_path / "stop.yml"
-    playbook.write_text("""
-- hosts: localhost
-  gather_facts: false
-  tasks:
-    - name: Plan
-      gpuops.repurpose.training_stop:
-        match: '{regex}'
-        ladder: {ladder}
-      check_mode: true
-      register: plan
-    - name: Stop
-      gpuops.repurpose.training_stop:
-        match: '{regex}'
-        ladder: {ladder}
-      register: stop
-    - name: Again
-      gpuops.repurpose.training_stop:
-        match: '{regex}'
-        ladder: {ladder}
-      register: again
-    - name: Check
-      ansible.builtin.assert:
-        that:
-          - plan is changed and plan.rungs == [] and plan.selected | length == 3
-          - stop is changed and stop.stopped_by == 'SIGINT'
-          - again is not changed and again.selected == []
-""".format(regex=trainer.regex, ladder=json.dumps(SHORT)))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    argv = [os.path.join(os.path.dirname(PYTHON), "ansible-playbook"), "-i", "localhost,", "-c", "local",
-            "-e", "ansible_python_interpreter=" + PYTHON, str(playbook)]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout + done.stderr
+    extra = {"it_match": trainer.regex, "it_ladder": SHORT, "ansible_python_interpreter": PYTHON}
+    done = run_playbook("training_stop_localhost", "localhost,", [extra], args=["-c", "local"], timeout=120)
+    assert done.rc == 0, done.output
     assert "changed=2" in done.stdout and "failed=0" in done.stdout
     assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682

@@ -14,13 +14,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 import yaml
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
-from trainer_harness import PYTHON, ROOT, Decoy, Tmux, alive, have_tmux, module_env, run_module, wait_for  # noqa: E402
+from trainer_harness import PYTHON, ROOT, Decoy, Tmux, alive, have_tmux, module_env, run_module, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
-FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "roles", "sglang_datagen", "files")
-FILES = os.path.normpath(FILES)
+from tests.support.paths import DATAGEN_FILES
+
+FILES = str(DATAGEN_FILES)
+
+
+def run_cli(*args, timeout=120):
+    """``python -m datagen ARGS`` in a real subprocess, as the role runs it (the package from the role's files)."""
+    env = dict(os.environ, PYTHONPATH=FILES)
+    return subprocess.run([sys.executable, "-m", "datagen", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd="/", check=False)
 
 
 def write_jsonl(path, rows, raw_lines=()):
@@ -144,14 +153,9 @@ def build_tiny_tokenizer(out_dir):
     The builder lives in tests/lab/tokenizer/build_tokenizer.py, shared with the lab (the same
     tokenizer is deployed into CT200 and used by the SGLang stand-in to count prompt tokens).
     """
-    import importlib.util
+    from build_tokenizer import build_tokenizer
 
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "lab", "tokenizer",
-                        "build_tokenizer.py")
-    spec = importlib.util.spec_from_file_location("lab_build_tokenizer", os.path.normpath(path))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.build_tokenizer(str(out_dir))
+    return build_tokenizer(str(out_dir))
 
 
 # ------------------------------------------------------------ generated rows, as an SGLang server makes them
@@ -162,9 +166,6 @@ def server_prompt_ids(tok, messages, tools=None, tool_choice="auto", **kwargs):
     body = {"messages": messages, "tool_choice": tool_choice}
     if tools:
         body["tools"] = tools
-    standin_dir = os.path.normpath(os.path.join(FILES, "..", "..", "..", "tests", "lab", "sglang_standin"))
-    if standin_dir not in sys.path:
-        sys.path.insert(0, standin_dir)
     from standin import sglang_template_inputs  # the stand-in's own reading of SGLang's normalisation
 
     msgs, tls = sglang_template_inputs(body)

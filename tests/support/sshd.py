@@ -11,10 +11,11 @@ import shutil
 import socket
 import subprocess
 import time
-import typing as t
 from dataclasses import dataclass
 
 import pytest
+
+from tests.support.net import free_port
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -28,20 +29,16 @@ class Sshd:
     proc: subprocess.Popen
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(tmp: str, sftp: bool, max_sessions: int = 50) -> Sshd:
+def start_sshd(tmp: str, sftp: bool = True, max_sessions: int = 50) -> Sshd:
+    """A throwaway sshd under TMP (its own host key, client key, known_hosts), serving once it accepts
+    connections (bounded wait); the calling test is skipped with sshd's log when it cannot start."""
     os.makedirs(tmp, exist_ok=True)
     hostkey = os.path.join(tmp, "host_ed25519")
     key = os.path.join(tmp, "id_ed25519")
     for path in (hostkey, key):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path], check=True)
     shutil.copy(key + ".pub", os.path.join(tmp, "authorized_keys"))
-    port = _free_port()
+    port = free_port()
     cfg = os.path.join(tmp, "sshd_config")
     lines = [
         "Port %d" % port,
@@ -80,32 +77,12 @@ def _start(tmp: str, sftp: bool, max_sessions: int = 50) -> Sshd:
     pytest.skip("could not start a throwaway sshd: %s" % open(os.path.join(tmp, "sshd.log")).read())
 
 
-@pytest.fixture(scope="session")
-def sshd(tmp_path_factory) -> t.Iterator[Sshd]:
-    if os.geteuid() != 0 or not os.path.exists(SSHD):
-        pytest.skip("needs root and OpenSSH's sshd for a throwaway server")
-    server = _start(str(tmp_path_factory.mktemp("sshd")), sftp=True)
-    yield server
+def stop_sshd(server: Sshd) -> None:
+    """End the server by its own PID (bounded wait)."""
     server.proc.terminate()
     server.proc.wait(10)
 
 
-@pytest.fixture(scope="session")
-def sshd_nosftp(tmp_path_factory) -> t.Iterator[Sshd]:
-    if os.geteuid() != 0 or not os.path.exists(SSHD):
-        pytest.skip("needs root and OpenSSH's sshd for a throwaway server")
-    server = _start(str(tmp_path_factory.mktemp("sshd_nosftp")), sftp=False)
-    yield server
-    server.proc.terminate()
-    server.proc.wait(10)
-
-
-@pytest.fixture(scope="session")
-def sshd_two_sessions(tmp_path_factory) -> t.Iterator[Sshd]:
-    """An sshd that allows only two sessions per connection (MaxSessions 2)."""
-    if os.geteuid() != 0 or not os.path.exists(SSHD):
-        pytest.skip("needs root and OpenSSH's sshd for a throwaway server")
-    server = _start(str(tmp_path_factory.mktemp("sshd_two")), sftp=True, max_sessions=2)
-    yield server
-    server.proc.terminate()
-    server.proc.wait(10)
+def sshd_usable() -> bool:
+    """A throwaway sshd needs root (it binds and switches users) and OpenSSH's sshd."""
+    return os.geteuid() == 0 and os.path.exists(SSHD)

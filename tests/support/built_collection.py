@@ -16,11 +16,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from tests.support.paths import BIN, ROOT
+
 NAMESPACE, NAME = "gpuops", "repurpose"
 
 
@@ -82,3 +81,32 @@ def installed_env(collections_dir: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def git(cwd: Path, *args: str) -> str:
+    """``git ARGS`` in CWD with a throwaway identity; stdout (fails loudly)."""
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", *args], cwd=cwd,
+                          check=True, capture_output=True, text=True).stdout
+
+
+def git_snapshot(tree: Path) -> str:
+    """Make TREE a git repository with one commit of everything in it; the commit id."""
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "snapshot")
+    return git(tree, "rev-parse", "HEAD").strip()
+
+
+def install_requirements(entry: dict, repo: Path, version: str, req_file: Path, collections_dir: Path,
+                         cwd: Path) -> subprocess.CompletedProcess:
+    """AWX's project sync: collections/requirements.yml's ENTRY with its git source served from REPO at VERSION,
+    installed by ``ansible-galaxy collection install -r`` into COLLECTIONS_DIR (created)."""
+    import yaml
+
+    req_file.write_text(yaml.safe_dump({"collections": [dict(entry, name=f"file://{repo}", version=version)]}),
+                        encoding="utf-8")
+    collections_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        [str(BIN / "ansible-galaxy"), "collection", "install", "-r", str(req_file), "-p", str(collections_dir)],
+        cwd=cwd, env=installed_env(collections_dir), capture_output=True, text=True, check=False,
+    )

@@ -1,0 +1,71 @@
+"""CT200 seen from outside the code under test: its processes, tmux panes, init, the run lock, the fake GPUs.
+
+Every view goes through the lab's own paths (ssh + ``pct exec``, ``lxc-info``, the fake
+GPUs' state file), so a test judges the collection against what really happened.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from typing import Dict, List, Optional, Set
+
+from tests.support.paths import FAKEGPU_DIR
+from tests.support.ssh import in_ct
+
+# The stop_training role's lock file inside the container.
+LOCK = "/run/gpuops-repurpose/stop_training.lock"
+# The fake trainer's launcher and workers (tests/lab/trainer/fake_trainer.py), however python is spelled.
+TRAINER_RE = re.compile(r"^\S*python[0-9.]*\s+(-\S+\s+)*\S*fake_trainer\.py(\s|$)")
+
+
+def ct_processes(status: dict) -> Dict[int, str]:
+    """Container PID -> command line of every process in CT200."""
+    out = in_ct(status, "ps", "-eo", "pid=,args=").stdout
+    procs = {}
+    for line in out.splitlines():
+        pid, _sep, args = line.strip().partition(" ")
+        if pid.isdigit():
+            procs[int(pid)] = args.strip()
+    return procs
+
+
+def trainer_pids(status: dict) -> Set[int]:
+    """The fake trainer's processes in CT200 (launcher and workers)."""
+    return {pid for pid, args in ct_processes(status).items() if TRAINER_RE.search(args)}
+
+
+def decoy_pids(status: dict) -> Set[int]:
+    """The lab's decoys: the networkd-dispatcher-like daemon, the editor, the monitor loop."""
+    return {pid for pid, args in ct_processes(status).items()
+            if "networkd-dispatcher" in args or args.startswith(("vi ", "watch "))}
+
+
+def pane_pids(status: dict, session: str) -> List[int]:
+    """The pane processes of tmux session SESSION (exact name) in CT200; [] when there is no such session."""
+    done = in_ct(status, "tmux", "list-panes", "-t", "=%s:" % session, "-F", "#{pane_pid}", check=False)
+    return [int(word) for word in done.stdout.split() if word.isdigit()] if done.returncode == 0 else []
+
+
+def gpu_used(status: dict) -> Dict[str, int]:
+    """Memory per GPU from the fake GPUs' own state (the truth the modules are judged against)."""
+    done = subprocess.run(
+        [sys.executable, str(FAKEGPU_DIR / "fakegpu.py"), "--dir", status["fakegpu"]["dir"], "state"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    return {str(k): int(v) for k, v in json.loads(done.stdout)["used_mib"].items()}
+
+
+def lock_holder(status: dict) -> Optional[dict]:
+    """The stop_training run lock's holder record in CT200, or None when nobody holds it."""
+    done = in_ct(status, "cat", LOCK, check=False)
+    return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
+
+
+def ct_init_pid(status: dict, vmid: str = "200") -> Optional[int]:
+    """The container's init as a host PID (lxc-info on the lab's lxcpath): a new one means it really restarted."""
+    done = subprocess.run(["lxc-info", "-P", status["lxcpath"], "-n", vmid, "-p", "-H"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    return int(done.stdout.strip()) if done.returncode == 0 and done.stdout.strip().isdigit() else None

@@ -1,0 +1,127 @@
+"""The CT200 lab as tests see it: its status, the one skip rule, its trainer.
+
+``tests/lab/lab status`` prints what a client needs (host, port, key, known_hosts,
+lxcpath, containers, the trainer's PIDs, the fake GPUs' directory...). Status
+changes while tests run (a trainer restart gives new PIDs), so :func:`lab_status`
+reads it afresh; the ``lab`` fixture (tests/conftest.py) reads it once per test module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+from tests.support.paths import LAB_CLI
+
+MAIN_CT = "200"
+DEFAULT_BEHAVIOUR = "graceful"
+
+
+def lab_status() -> Optional[dict]:
+    """The lab's status, or None when there is no lab CLI or it gives no JSON (not root, never set up)."""
+    if not LAB_CLI.exists():
+        return None
+    try:
+        done = subprocess.run([str(LAB_CLI), "status"], capture_output=True, text=True, timeout=60, check=False)
+        status = json.loads(done.stdout)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return status if isinstance(status, dict) else None
+
+
+def skip_reason(status: Optional[dict], euid: Optional[int] = None) -> Optional[str]:
+    """Why a lab test cannot run, or None when it can.
+
+    The one rule for every lab test, the strictest of the seven the suites had:
+    root (lxc-attach, the lab's flock and the fake GPUs' state need it), a status
+    that parses, ``up`` (the PVE host's sshd and CT200 both alive) and CT200
+    running. The ``up`` flag alone was not enough for the tests that go straight
+    into CT200 (``lxc-attach``/``pct exec``); naming CT200 keeps that explicit.
+    """
+    if (os.geteuid() if euid is None else euid) != 0:
+        return "the CT200 lab needs root"
+    if status is None:
+        return "tests/lab/lab status gave no status (run: tests/lab/lab up as root)"
+    if not status.get("up") or status.get("containers", {}).get(MAIN_CT) != "running":
+        return "the CT200 lab is not up with CT200 running (run: tests/lab/lab up as root)"
+    return None
+
+
+def require_lab() -> dict:
+    """The lab's status, or skip the calling test with the reason (see :func:`skip_reason`)."""
+    status = lab_status()
+    reason = skip_reason(status)
+    if reason:
+        pytest.skip(reason)
+    assert status is not None
+    return status
+
+
+def require_stopped(status: dict, vmid: str = "201") -> None:
+    """Skip the calling test unless container VMID is stopped, as the lab leaves CT201 (another test may run it)."""
+    if status.get("containers", {}).get(vmid) != "stopped":
+        pytest.skip("CT%s is not stopped (another test started it)" % vmid)
+
+
+def lab_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``tests/lab/lab ARGS``, output captured (only test_lab_cycle.py may pass ``down``: the lab is shared)."""
+    return subprocess.run([str(LAB_CLI), *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def trainer(behaviour: str = DEFAULT_BEHAVIOUR) -> dict:
+    """(Re)start CT200's dflash trainer with BEHAVIOUR; the lab waits for its step lines. Its trainer status."""
+    done = lab_cli("trainer", behaviour)
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout)
+
+
+def restore_trainer() -> None:
+    """Leave the lab as other suites expect it: the default trainer running (best effort, at teardown)."""
+    lab_cli("trainer", DEFAULT_BEHAVIOUR)
+
+
+@contextlib.contextmanager
+def reboot_hang_fault(status: dict, vmid: str = MAIN_CT) -> Iterator[Path]:
+    """The lab's reboot-hang fault (tests/lab/README.md "Faults") switched on for container VMID only.
+
+    Always switched off again, and the lab restored: CT200 running (``lab up``) with the default trainer.
+    """
+    fresh = lab_status() or status
+    path = Path(fresh.get("faults", {}).get("reboot_hang")
+                or os.path.join(status.get("lab_dir", "/var/lib/gpuops-lab"), "faults", "reboot-hang"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(vmid + "\n", encoding="utf-8")
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        if (lab_status() or {}).get("containers", {}).get(MAIN_CT) != "running":
+            lab_cli("up")
+        trainer(DEFAULT_BEHAVIOUR)
+
+
+@contextlib.contextmanager
+def lab_lock(status: dict, timeout: float = 600) -> Iterator[None]:
+    """The lab's own operation lock (tests/lab/lab.py ``Lock``): no ``lab up|trainer`` changes CT200 meanwhile."""
+    path = status["lock_file"]
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < end, "the lab lock %s stayed busy for %ss" % (path, timeout)
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)

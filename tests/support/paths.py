@@ -1,0 +1,41 @@
+"""Where things are, and the one place in tests/ that touches ``sys.path``.
+
+The lab's helper programs (tests/lab/trainer, fakegpu, sglang_standin, tokenizer) are
+plain scripts that also run inside the containers, so they are not a package; the
+collection is imported as ``ansible_collections.gpuops.repurpose`` through the
+``.collections`` symlink tree; the datagen package lives in the role's ``files/``.
+The ``tests`` package (tests/__init__.py) calls :func:`add_import_dirs` when it is
+first imported, so every ``from tests.support... import`` finds all of them, in a fixed order.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+LAB_DIR = TESTS / "lab"
+LAB_CLI = LAB_DIR / "lab"
+PLAYBOOKS = TESTS / "integration" / "playbooks"
+LAB_INVENTORY = ROOT / "inventories" / "lab"
+ANSIBLE_CFG = ROOT / "ansible.cfg"
+COLLECTIONS = ROOT / ".collections"
+DATAGEN_FILES = ROOT / "roles" / "sglang_datagen" / "files"
+# the virtual environment's bin: ansible-playbook, ansible, ansible-galaxy of the interpreter running the tests
+BIN = Path(sys.executable).parent
+
+TRAINER_DIR = LAB_DIR / "trainer"
+FAKEGPU_DIR = LAB_DIR / "fakegpu"
+STANDIN_DIR = LAB_DIR / "sglang_standin"
+TOKENIZER_DIR = LAB_DIR / "tokenizer"
+
+# Searched in this order (first wins): the collection, the datagen package, then the lab's helpers.
+IMPORT_DIRS = (COLLECTIONS, DATAGEN_FILES, TRAINER_DIR, FAKEGPU_DIR, STANDIN_DIR, TOKENIZER_DIR)
+
+
+def add_import_dirs() -> None:
+    """Put :data:`IMPORT_DIRS` at the front of ``sys.path``, each once (idempotent)."""
+    missing = [str(d) for d in IMPORT_DIRS if str(d) not in sys.path]
+    for entry in reversed(missing):
+        sys.path.insert(0, entry)

@@ -1,0 +1,173 @@
+"""Run ``ansible-playbook`` as the tests do: a playbook file, an inventory, extra vars; rc, output, results.
+
+Playbooks under test are YAML files (``tests/integration/playbooks/NAME.yml`` for the
+test-only ones, ``playbooks/`` and the roles' converge files for the real ones); what
+varies between runs comes in as extra vars, never through Python string formatting.
+With ``json_results=True`` the ``ansible.posix.json`` callback replaces the default
+one and :attr:`PlaybookRun.results` gives ``{task name: {host: result}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Union
+
+from tests.support.paths import ANSIBLE_CFG, BIN, LAB_INVENTORY, PLAYBOOKS, ROOT
+
+PathLike = Union[str, Path]
+ExtraVars = Union[dict, str]
+
+
+def playbook_path(playbook: PathLike) -> Path:
+    """A bare name (``"pct_ssh_suite"`` or ``"pct_ssh_suite.yml"``) is a file under tests/integration/playbooks."""
+    path = Path(playbook)
+    if path.is_absolute() or len(path.parts) > 1:
+        return path
+    return PLAYBOOKS / (path.name if path.suffix in (".yml", ".yaml") else path.name + ".yml")
+
+
+def ansible_env(**overrides: str) -> Dict[str, str]:
+    """The environment for ansible commands: this venv's bin first, the checkout's ansible.cfg, no colour."""
+    env = dict(os.environ)
+    env.update({
+        "PATH": "%s:%s" % (BIN, env.get("PATH", "")),
+        "ANSIBLE_CONFIG": str(ANSIBLE_CFG),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(overrides)
+    return env
+
+
+def playbook_argv(playbook: PathLike, inventory: PathLike, extra_vars: Sequence[ExtraVars] = (),
+                  args: Sequence[str] = ()) -> List[str]:
+    """``ansible-playbook -i INVENTORY PLAYBOOK -e JSON...`` (each EXTRA_VARS item one ``-e``, later ones win)."""
+    argv = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(playbook_path(playbook))]
+    for item in extra_vars:
+        argv += ["-e", item if isinstance(item, str) else json.dumps(item)]
+    return argv + list(args)
+
+
+def task_results(callback_json: dict) -> dict:
+    """From the ``ansible.posix.json`` callback: ``{task name: {host: result}}`` (later plays update earlier)."""
+    out: dict = {}
+    for play in callback_json["plays"]:
+        for task in play["tasks"]:
+            out.setdefault(task["task"]["name"], {}).update(task["hosts"])
+    return out
+
+
+def recap(output: str, host: str = "ct200") -> Dict[str, int]:
+    """HOST's PLAY RECAP counts (ok, changed, unreachable, failed) from the default callback's output."""
+    m = re.search(r"^%s\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)" % re.escape(host),
+                  output, re.M)
+    assert m, "no recap for %s in:\n%s" % (host, output[-3000:])
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
+
+
+@dataclass
+class PlaybookRun:
+    """One finished ``ansible-playbook`` run."""
+
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr, as a person reads a run."""
+        return self.stdout + self.stderr
+
+    @property
+    def json(self) -> dict:
+        """The ``ansible.posix.json`` callback's document (the run must have used it)."""
+        try:
+            return json.loads(self.stdout)
+        except ValueError:
+            raise AssertionError("ansible-playbook gave no JSON (rc %s): %s %s"
+                                 % (self.rc, self.stdout[-2000:], self.stderr[-2000:])) from None
+
+    @property
+    def results(self) -> dict:
+        """``{task name: {host: result}}`` (see :func:`task_results`)."""
+        return task_results(self.json)
+
+    def recap(self, host: str = "ct200") -> Dict[str, int]:
+        return recap(self.stdout, host)
+
+
+def run_playbook(playbook: PathLike, inventory: PathLike, extra_vars: Sequence[ExtraVars] = (),
+                 args: Sequence[str] = (), json_results: bool = False, env: Optional[Dict[str, str]] = None,
+                 timeout: float = 600, cwd: PathLike = ROOT) -> PlaybookRun:
+    """Run a playbook to the end (bounded by TIMEOUT); ENV (default :func:`ansible_env`) gets the JSON callback
+    when JSON_RESULTS."""
+    env = dict(ansible_env() if env is None else env)
+    if json_results:
+        env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
+    done = subprocess.run(playbook_argv(playbook, inventory, extra_vars, args), cwd=str(cwd), env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    return PlaybookRun(done.returncode, done.stdout, done.stderr)
+
+
+def run_json_play(tmp: Path, hosts: Dict[str, dict], playbook: PathLike, extra_vars: Sequence[ExtraVars] = (),
+                  timeout: float = 600, groups: Optional[Dict[str, Dict[str, dict]]] = None) -> dict:
+    """PLAYBOOK against HOSTS (a JSON inventory written under TMP), one fork per host, pct_ssh's control
+    masters under TMP/cp; ``{task name: {host: result}}``."""
+    from tests.support.inventory import write_inventory
+
+    inventory = write_inventory(tmp / "inventory.json", hosts, groups)
+    env = ansible_env(ANSIBLE_FORKS=str(len(hosts)), ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp / "cp"))
+    return run_playbook(playbook, inventory, extra_vars, json_results=True, env=env, timeout=timeout).results
+
+
+def start_playbook(playbook: PathLike, inventory: PathLike, extra_vars: Sequence[ExtraVars] = (),
+                   args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
+                   cwd: PathLike = ROOT) -> subprocess.Popen:
+    """ansible-playbook in its own process group (a test can kill it like a cancelled AWX job); stdout+stderr
+    on one text pipe."""
+    return subprocess.Popen(playbook_argv(playbook, inventory, extra_vars, args), cwd=str(cwd),
+                            env=ansible_env() if env is None else env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def read_until(proc: subprocess.Popen, needle: str, timeout: float = 300) -> str:
+    """Output of PROC up to and including the first line containing NEEDLE (bounded by TIMEOUT)."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError("never saw %r; output:\n%s" % (needle, "".join(seen)[-4000:]))
+
+
+def run_adhoc(host: str, module: str, module_args: dict, inventory: Optional[PathLike] = LAB_INVENTORY,
+              check: bool = False,
+              options: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """``ansible HOST -i INVENTORY -m MODULE -a JSON [--check] OPTIONS`` from the checkout (an ad-hoc module run;
+    INVENTORY None: Ansible's implicit localhost)."""
+    argv = [str(BIN / "ansible"), host, *(["-i", str(inventory)] if inventory is not None else []), *options,
+            "-m", module, "-a", json.dumps(module_args)]
+    if check:
+        argv.append("--check")
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT),
+                          env=ansible_env() if env is None else env, check=False)
+
+
+def adhoc_json_result(done: subprocess.CompletedProcess, host: str) -> dict:
+    """HOST's result of an ad-hoc run made with the ``json`` callback (``ANSIBLE_STDOUT_CALLBACK=json``)."""
+    try:
+        return json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"][host]
+    except ValueError:
+        raise AssertionError("ansible gave no JSON (rc %s): %s %s"
+                             % (done.returncode, done.stdout[-2000:], done.stderr[-2000:])) from None

@@ -1,0 +1,79 @@
+"""tests/support's pure parts: the one skip rule, playbook paths, callback results, recaps, host variables."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.support import paths
+from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
+from tests.support.lab import skip_reason
+from tests.support.playbook import playbook_argv, playbook_path, recap, task_results
+
+UP = {"up": True, "containers": {"200": "running", "201": "stopped"}}
+STATUS = {"host": "127.0.0.1", "port": 2222, "key": "/lab/id", "known_hosts": "/lab/known_hosts"}
+
+
+@pytest.mark.parametrize(("status", "euid", "reason"), [
+    (UP, 0, None),
+    (UP, 1000, "needs root"),
+    (None, 0, "gave no status"),
+    ({"up": False, "containers": {"200": "running"}}, 0, "not up"),
+    ({"up": True, "containers": {"200": "stopped"}}, 0, "CT200 running"),
+    ({"up": True}, 0, "CT200 running"),
+])
+def test_one_skip_rule_root_status_up_and_ct200_running(status, euid, reason):
+    got = skip_reason(status, euid=euid)
+    assert got is None if reason is None else reason in got
+
+
+def test_import_dirs_are_on_sys_path_once():
+    for entry in map(str, paths.IMPORT_DIRS):
+        assert sys.path.count(entry) == 1, entry
+    paths.add_import_dirs()
+    assert all(sys.path.count(str(entry)) == 1 for entry in paths.IMPORT_DIRS)
+
+
+def test_a_bare_playbook_name_is_a_file_under_tests_integration_playbooks():
+    assert playbook_path("pct_ssh_suite") == paths.PLAYBOOKS / "pct_ssh_suite.yml"
+    assert playbook_path("id_twice.yml") == paths.PLAYBOOKS / "id_twice.yml"
+    assert playbook_path(paths.ROOT / "playbooks" / "x.yml") == paths.ROOT / "playbooks" / "x.yml"
+    for name in ("pct_ssh_suite", "pct_ssh_errors", "pct_ssh_nonroot", "proxmox_ct_exec", "id_twice"):
+        assert playbook_path(name).is_file(), name
+
+
+def test_extra_vars_are_one_json_e_each_in_order():
+    argv = playbook_argv("id_twice", "inv.json", [{"a": 1}, "b=2"], ["--check"])
+    assert argv[1:] == ["-i", "inv.json", str(paths.PLAYBOOKS / "id_twice.yml"), "-e", '{"a": 1}', "-e", "b=2",
+                        "--check"]
+
+
+def test_task_results_merge_plays_by_task_name():
+    doc = {"plays": [
+        {"tasks": [{"task": {"name": "try"}, "hosts": {"a": {"rc": 1}}}]},
+        {"tasks": [{"task": {"name": "try"}, "hosts": {"b": {"rc": 0}}},
+                   {"task": {"name": "markers"}, "hosts": {"b": {"files": []}}}]},
+    ]}
+    assert task_results(doc) == {"try": {"a": {"rc": 1}, "b": {"rc": 0}}, "markers": {"b": {"files": []}}}
+
+
+def test_recap_reads_one_host_and_fails_naming_a_missing_one():
+    out = "PLAY RECAP\nct200  : ok=7    changed=2    unreachable=0    failed=1    skipped=3\n"
+    assert recap(out) == {"ok": 7, "changed": 2, "unreachable": 0, "failed": 1}
+    with pytest.raises(AssertionError, match="no recap for ct201"):
+        recap(out, "ct201")
+
+
+def test_host_variables_share_the_lab_login_and_extra_wins(tmp_path):
+    pct = pct_ssh_hostvars(STATUS, ansible_user="pveops", proxmox_vmid=201)
+    ssh = openssh_hostvars(STATUS)
+    shared = ("ansible_host", "ansible_port", "ansible_ssh_private_key_file", "ansible_python_interpreter")
+    assert [pct[k] for k in shared] == [ssh[k] for k in shared] == ["127.0.0.1", 2222, "/lab/id", "/usr/bin/python3"]
+    assert (pct["ansible_user"], pct["proxmox_vmid"], ssh["ansible_user"]) == ("pveops", 201, "root")
+    assert pct["ansible_pct_ssh_known_hosts_file"] == "/lab/known_hosts"
+    assert "UserKnownHostsFile=/lab/known_hosts" in ssh["ansible_ssh_common_args"]
+    inv = write_inventory(tmp_path / "inv.json", {"ct200": pct}, {"pve": {"lab-pve": ssh}})
+    data = json.loads(inv.read_text())
+    assert data["all"]["hosts"]["ct200"] == pct and data["all"]["children"]["pve"]["hosts"]["lab-pve"] == ssh
