@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 import time
 from typing import Any, Dict, List
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FILES = os.path.join(ROOT, "roles", "sglang_datagen", "files")
-for _p in (FILES, os.path.join(ROOT, "tests", "unit", "datagen"), os.path.join(ROOT, "tests", "lab", "sglang_standin")):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+from tests.support import datagen_rows as dg_rows  # noqa: F401  (the datagen fixture rows, shared)
+from tests.support.paths import DATAGEN_FILES
+from tests.support.paths import ROOT as _ROOT
 
-import dg_rows  # noqa: E402,F401  (the datagen fixture rows, shared with tests/unit/datagen)
-
+ROOT = str(_ROOT)
+FILES = str(DATAGEN_FILES)
 FIGURES = os.environ.get("GPUOPS_FAULTS_FIGURES", "/tmp/gpuops-faults-figures.json")
 
 

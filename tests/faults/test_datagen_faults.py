@@ -58,9 +58,7 @@ def run_unit(cfg: str) -> List[dict]:
 
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory):
-    import dg_rows
-
-    tok = dg_rows.build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+    tok = fx.build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
     # a little latency so generate is killed with rows still in flight
     s = StandinProcess(["--tokenizer", tok, "--latency", "0.004"], model="target-model").start()
     yield s, tok

@@ -19,7 +19,6 @@ Marked ``lab``: skipped with the reason when the lab is not up.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
@@ -29,12 +28,13 @@ import time
 import pytest
 from faults_support import ROOT
 
+from tests.support import ct200, playbook, ssh
+from tests.support import lab as lab_support
+from tests.support import stop_training as stop
+from tests.support.paths import LAB_CLI
+
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
 
-_spec = importlib.util.spec_from_file_location(
-    "stop_lab", os.path.join(ROOT, "tests", "integration", "test_role_stop_training.py"))
-st = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(st)
 
 BEHAVIOUR = "stubborn"  # workers ignore SIGINT/SIGTERM: every rung of the ladder runs
 # Short rungs so the per-point loop fits CI (the role's defaults are the incident's 60/30/10 s).
@@ -42,7 +42,7 @@ LADDER = [{"signal": "SIGINT", "via": "tmux", "timeout": 2},
           {"signal": "SIGTERM", "timeout": 2},
           {"signal": "SIGKILL", "timeout": 5}]
 RUNG_SIGNALS = {"SIGINT", "SIGTERM"}  # the catchable ones; SIGKILL is seen by the process's absence
-FAULT_VARS = dict(st.FAST, stop_training_ladder=LADDER, stop_training_lock_timeout=30)
+FAULT_VARS = dict(stop.FAST, stop_training_ladder=LADDER, stop_training_lock_timeout=30)
 BANNER = re.compile(r"^TASK \[(.+?)\]", re.M)
 # the ladder's own bound: its rungs plus the GPU wait (stop_training_gpu_timeout) plus the lock wait
 LADDER_BOUND = sum(r["timeout"] for r in LADDER) + FAULT_VARS["stop_training_gpu_timeout"] + 30
@@ -52,13 +52,13 @@ LADDER_BOUND = sum(r["timeout"] for r in LADDER) + FAULT_VARS["stop_training_gpu
 def lab():
     if os.geteuid() != 0:
         pytest.skip("the CT200 lab needs root")
-    status = st.lab_status()
+    status = lab_support.lab_status()
     if not status or not status.get("up"):
         pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
     if not status.get("signal_audit"):
         pytest.skip("the lab predates the signal audit: run tests/lab/lab up from this checkout")
     yield status
-    subprocess.run([str(st.LAB), "trainer", "graceful"], capture_output=True, timeout=300, check=False)
+    subprocess.run([str(LAB_CLI), "trainer", "graceful"], capture_output=True, timeout=300, check=False)
 
 
 # ---------------------------------------------------------------- the controller's process tree
@@ -109,7 +109,7 @@ def kill_controller(proc: subprocess.Popen, with_workers: bool) -> list[int]:
 
 def run_until_banner(k: int) -> tuple[subprocess.Popen, list[str]]:
     """Start the play; return once banner k+1 (the start of the task after task k) is printed."""
-    proc = st.start(FAULT_VARS)
+    proc = stop.start(FAULT_VARS)
     seen: list[str] = []
     deadline = time.monotonic() + 300
     for line in proc.stdout:
@@ -135,12 +135,12 @@ def audit(lab: dict) -> list[dict]:
 
 
 def decoys(lab: dict) -> dict[int, str]:
-    return {pid: args for pid, args in st.ct_processes(lab).items()
+    return {pid: args for pid, args in ct200.ct_processes(lab).items()
             if "networkd-dispatcher" in args or args.startswith(("vi ", "watch "))}
 
 
 def stopped_states(lab: dict, pids) -> list[int]:
-    out = st.ct(lab, "ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids)), check=False).stdout
+    out = ssh.in_ct(lab, "ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids)), check=False).stdout
     return [int(line.split()[0]) for line in out.splitlines() if line.split()[1].startswith("T")]
 
 
@@ -148,12 +148,12 @@ def checkpoint_ok(lab: dict) -> bool:
     py = ("import sys; sys.path.insert(0, '/opt/lab/trainer'); import fake_trainer as f, glob;"
           "bad = [p for p in glob.glob('/root/dflash/checkpoints/ckpt-*.bin') if f.verify_checkpoint(p) is None];"
           "print(len(bad))")
-    done = st.ct(lab, "python3", "-c", py, check=False)
+    done = ssh.in_ct(lab, "python3", "-c", py, check=False)
     return done.returncode == 0 and done.stdout.strip() == "0"
 
 
 def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: list[str]) -> None:
-    started = st.trainer(BEHAVIOUR)
+    started = lab_support.trainer(BEHAVIOUR)
     job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
     decoys_before = decoys(lab)
     t0 = time.monotonic()
@@ -162,9 +162,9 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
     kill_controller(proc, with_workers)
     figures.injected(name)
     killed_after = seen[k - 1]
-    left = st.trainer_pids(lab) & job
+    left = ct200.trainer_pids(lab) & job
 
-    rc, out = st.play(FAULT_VARS)
+    rc, out = stop.play(FAULT_VARS)
     assert rc == 0, f"{name} (after '{killed_after}'): re-run failed:\n{out[-4000:]}"
     figures.wait("kill + re-run of the stop half", time.monotonic() - t0, LADDER_BOUND + 300)
     # the summary tells the truth about what was still running
@@ -173,10 +173,10 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
             f"{name}: {len(left)} processes were running, the summary does not say it stopped them:\n{out[-3000:]}"
     else:
         assert "Stopped: nothing, no process was selected" in out, out[-3000:]
-    assert not st.trainer_pids(lab), f"{name}: trainer processes survived the re-run"
-    rc2, out2 = st.play(FAULT_VARS)
-    assert rc2 == 0 and st.recap(out2)["changed"] == 0, f"{name}: the second re-run changed something:\n{out2[-3000:]}"
-    assert st.lock_holder(lab) is None
+    assert not ct200.trainer_pids(lab), f"{name}: trainer processes survived the re-run"
+    rc2, out2 = stop.play(FAULT_VARS)
+    assert rc2 == 0 and playbook.recap(out2)["changed"] == 0, f"{name}: the second re-run changed something:\n{out2[-3000:]}"
+    assert ct200.lock_holder(lab) is None
 
     # nothing outside the job was signalled; the job only by the rungs
     wrong = 0
@@ -199,7 +199,7 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
 
 
 def audit_boot(lab: dict) -> str:
-    return st.ct(lab, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
+    return ssh.in_ct(lab, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
 
 
 def kill_points(reference: list[str]) -> list[int]:
@@ -216,8 +216,8 @@ def kill_points(reference: list[str]) -> list[int]:
 
 
 def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
-    st.trainer(BEHAVIOUR)
-    rc, out = st.play(FAULT_VARS)
+    lab_support.trainer(BEHAVIOUR)
+    rc, out = stop.play(FAULT_VARS)
     assert rc == 0, out[-4000:]
     reference = BANNER.findall(out)
     assert len(reference) > 5, out[-3000:]
@@ -242,17 +242,17 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
 def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
     """Someone reboots CT200 (``pct reboot`` on the PVE host) while the ladder or the GPU wait runs:
     the play ends within its bounds (no hang), and a plain re-run is ok and converges."""
-    started = st.trainer(BEHAVIOUR)
+    started = lab_support.trainer(BEHAVIOUR)
     job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
     # a GPU held outside the job keeps gpu_free_wait waiting (the reboot lands in it, not after it)
     if "GPU" in during:
-        st.ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345"
+        ssh.in_ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345"
               " >/dev/null 2>&1 </dev/null")
     name = f"CT200 rebooted during {during.split('| ')[1]}"
     t0 = time.monotonic()
-    proc = st.start(dict(FAULT_VARS, stop_training_restart_container=False))
+    proc = stop.start(dict(FAULT_VARS, stop_training_restart_container=False))
     try:
-        st.read_until(proc, f" : {during}]", timeout=300)
+        playbook.read_until(proc, f" : {during}]", timeout=300)
         time.sleep(1.0)  # inside the task
         rebooted = subprocess.run([*lab["ssh"], "root@" + lab["host"], "pct reboot 200 --timeout 30"],
                                   capture_output=True, text=True, timeout=300, check=False)
@@ -267,15 +267,15 @@ def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
     figures.wait(f"play with CT200 rebooted during {during}", waited, LADDER_BOUND + 120)
     try:
         # the reboot ended the job and the stray GPU holder; the lab puts its trainer and decoys back
-        subprocess.run([str(st.LAB), "up"], capture_output=True, timeout=600, check=True)
-        assert not (st.trainer_pids(lab) & job)
-        rc, out = st.play(FAULT_VARS)
+        subprocess.run([str(LAB_CLI), "up"], capture_output=True, timeout=600, check=True)
+        assert not (ct200.trainer_pids(lab) & job)
+        rc, out = stop.play(FAULT_VARS)
         assert rc == 0, out[-4000:]
-        rc2, out2 = st.play(FAULT_VARS)
-        assert rc2 == 0 and st.recap(out2)["changed"] == 0, out2[-3000:]
-        assert st.lock_holder(lab) is None
+        rc2, out2 = stop.play(FAULT_VARS)
+        assert rc2 == 0 and playbook.recap(out2)["changed"] == 0, out2[-3000:]
+        assert ct200.lock_holder(lab) is None
         records = [r for r in audit(lab) if r["boot_id"] == audit_boot(lab) and r["role"] == "networkd-dispatcher"]
         assert all(not r["signals"] for r in records), records
         figures.survived(name)
     finally:
-        subprocess.run([str(st.LAB), "up"], capture_output=True, timeout=600, check=False)
+        subprocess.run([str(LAB_CLI), "up"], capture_output=True, timeout=600, check=False)
