@@ -41,7 +41,10 @@ BEHAVIOUR = "stubborn"  # workers ignore SIGINT/SIGTERM: every rung of the ladde
 LADDER = [{"signal": "SIGINT", "via": "tmux", "timeout": 2},
           {"signal": "SIGTERM", "timeout": 2},
           {"signal": "SIGKILL", "timeout": 5}]
-RUNG_SIGNALS = {"SIGINT", "SIGTERM"}  # the catchable ones; SIGKILL is seen by the process's absence
+# the catchable rungs, and the SIGCONT training_stop sends every process of its snapshot after each of them
+# (so a stopped process can act on it); SIGKILL is seen by the process's absence
+RUNG_SIGNALS = {"SIGINT", "SIGTERM", "SIGCONT"}
+CATCHABLE_RUNGS = sum(1 for r in LADDER if r["signal"] != "SIGKILL")
 FAULT_VARS = dict(stop.FAST, stop_training_ladder=LADDER, stop_training_lock_timeout=30)
 BANNER = re.compile(r"^TASK \[(.+?)\]", re.M)
 # the ladder's own bound: its rungs plus the GPU wait (stop_training_gpu_timeout) plus the lock wait
@@ -193,6 +196,7 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
             forward = 1 if rec["role"].startswith("worker") else 0  # the launcher's SIGTERM to its workers
             assert rec["signals"].count("SIGTERM") <= ladders + forward, f"{name}: {rec}"
             assert rec["signals"].count("SIGINT") <= ladders, f"{name}: {rec}"
+            assert rec["signals"].count("SIGCONT") <= ladders * CATCHABLE_RUNGS, f"{name}: {rec}"
     assert wrong == 0, f"{name}: decoys signalled or gone: before {decoys_before}, now {now}"
     assert checkpoint_ok(lab), f"{name}: a checkpoint does not verify"
     figures.survived(name, wrongly_signalled=wrong)
