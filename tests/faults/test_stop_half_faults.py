@@ -207,16 +207,16 @@ def audit_boot(lab: dict) -> str:
 
 
 def kill_points(reference: list[str]) -> list[int]:
-    """k for "killed after task k": every task with GPUOPS_FAULTS_FULL=1; by default every phase boundary
-    of the role (the last task of each phase: validation, lock, discovery, stop, report) and the tasks
-    that act inside CT200 (the lock taken, the ladder, the GPU wait), so the CI loop stays within budget."""
+    """k for "killed after task k": every task of the play with GPUOPS_FAULTS_FULL=1 (about 50 points, about
+    50 minutes on the lab); by default the points where the container's state differs, to fit CI's budget:
+    after the first task (nothing touched yet), with the run lock held (after "Take the run lock"), after
+    the ladder (the job stopped, the GPU wait not done), and after the lock is released (the run done but
+    not reported as finished to AWX)."""
     if os.environ.get("GPUOPS_FAULTS_FULL") == "1":
         return list(range(1, len(reference)))
-    phase = [re.sub(r"^.* : ", "", name).split(" |")[0] for name in reference]
-    points = {k for k in range(1, len(reference)) if phase[k] != phase[k - 1]}
-    acting = ("Take the run lock", "Run the stop-verify-kill ladder", "Wait until every GPU's memory is released")
-    points |= {k + 1 for k, name in enumerate(reference) if any(a in name for a in acting) and k + 1 < len(reference)}
-    return sorted(points)
+    after = ("Take the run lock", "Run the stop-verify-kill ladder", "Release the run lock")
+    points = {1} | {k + 1 for k, name in enumerate(reference) if any(a in name for a in after)}
+    return sorted(k for k in points if k < len(reference))
 
 
 def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
@@ -230,7 +230,7 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
     figures.note("stop half kill points", points)
     failures = []
     for n, k in enumerate(points):
-        for with_workers in (True, False) if n % 4 == 0 else (True,):
+        for with_workers in (True, False) if n == 1 else (True,):
             name = "ansible-playbook SIGKILLed after task %d%s" % (k, "" if with_workers else " (workers left)")
             try:
                 check_point(lab, figures, name, k, with_workers, reference)
