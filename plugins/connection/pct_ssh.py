@@ -271,10 +271,51 @@ options:
     type: boolean
     vars:
       - name: proxmox_keep_env
+  server_alive_interval:
+    description:
+      - Seconds between keepalive probes to the Proxmox VE host, as OpenSSH's C(ServerAliveInterval). Each probe
+        asks the host's sshd for an answer; paramiko's own keepalive (sent at the same interval when the connection
+        is idle) keeps NAT and firewall state fresh.
+      - A host that leaves a probe unanswered for O(server_alive_interval) x O(server_alive_count_max) seconds (a
+        frozen sshd, a cut link) is declared dead. The worst-case detection time after the host goes silent is
+        O(server_alive_interval) x (O(server_alive_count_max) + 1) seconds, plus up to one second for the running
+        command to notice (20 s with the defaults). A connection the host closes (its sshd killed or restarted)
+        is noticed at once.
+      - When the connection dies, the running command fails with a message saying so (it may have run in part on
+        the host and is never retried), every other request waiting on the same control master fails the same way,
+        the control master exits, and the next task opens a fresh connection.
+      - V(0) turns probing off (a silent host is then only noticed at O(command_timeout)).
+    type: int
+    default: 5
+    env:
+      - name: ANSIBLE_PCT_SSH_SERVER_ALIVE_INTERVAL
+    ini:
+      - section: pct_ssh_connection
+        key: server_alive_interval
+    vars:
+      - name: ansible_pct_ssh_server_alive_interval
+  server_alive_count_max:
+    description:
+      - How many O(server_alive_interval) periods a keepalive probe may stay unanswered before the connection is
+        declared dead, as OpenSSH's C(ServerAliveCountMax). At least V(1).
+      - A task waiting on the control master also gives it up when the master sends nothing (it sends a heartbeat
+        every min(O(server_alive_interval), 5) seconds while a command runs) for that period x
+        (O(server_alive_count_max) + 1) plus 5 seconds, so a frozen or killed control master fails the task
+        within seconds too.
+    type: int
+    default: 3
+    env:
+      - name: ANSIBLE_PCT_SSH_SERVER_ALIVE_COUNT_MAX
+    ini:
+      - section: pct_ssh_connection
+        key: server_alive_count_max
+    vars:
+      - name: ansible_pct_ssh_server_alive_count_max
   command_timeout:
     description:
       - Seconds any one command may run before the task fails. Raise it for long tasks
         (package builds), or run them with C(async).
+      - A dead connection is not waited for until then; see O(server_alive_interval).
     type: int
     default: 3600
     env:
@@ -389,7 +430,10 @@ notes:
   - Commands run as root inside the container (that is what C(pct exec) does). C(become) inside the container
     works for methods that need no password as root (C(sudo), C(su)); a C(become_password) is not supported.
   - The control master is a child Python process of the controller that exits O(control_persist) seconds after
-    its last use, or when its SSH connection drops; the C(reset_connection) meta task ends it at once.
+    its last use, or when its SSH connection drops (failing every request still waiting on it, see
+    O(server_alive_interval)); the C(reset_connection) meta task ends it at once.
+  - A command cut off by a dead connection may have run in part inside the container. A module that must finish
+    what it started (M(gpuops.repurpose.training_stop)) does so on its own and leaves its result for the next run.
   - Host keys are checked by default. The simplest safe set-up is O(known_hosts_file) pointing at a file that
     holds the host's key.
 seealso:
@@ -511,6 +555,10 @@ class Connection(ConnectionBase):
             raise AnsibleError("pct_ssh: %s" % e) from None
 
     def _build_settings(self) -> _pct_ssh.Settings:
+        try:
+            alive = _pct_ssh.validate_alive(self.get_option("server_alive_interval"), self.get_option("server_alive_count_max"))
+        except _pct_ssh.SessionError as e:
+            raise AnsibleError("pct_ssh: %s (ansible_pct_ssh_server_alive_interval / ansible_pct_ssh_server_alive_count_max)" % e.msg) from None
         return _pct_ssh.Settings(
             host=self.get_option("remote_addr"),
             port=int(self.get_option("port") or 22),
@@ -527,6 +575,8 @@ class Connection(ConnectionBase):
             lock_file_timeout=float(self.get_option("lock_file_timeout")),
             proxy_command=self.get_option("proxy_command") or None,
             use_rsa_sha2_algorithms=self.get_option("use_rsa_sha2_algorithms"),
+            server_alive_interval=alive[0],
+            server_alive_count_max=alive[1],
             # how this login runs pct: a connection opened for one way is not lent to another
             identity_extra={"proxmox_become_method": self.get_option("proxmox_become_method"), "pct_path": self.get_option("pct_path")},
         )
@@ -571,6 +621,11 @@ class Connection(ConnectionBase):
             )
         if e.kind in ("hostkey_unknown", "hostkey_mismatch"):
             return AnsibleConnectionFailure("pct_ssh: %s" % e.msg)
+        if e.kind == "lost":
+            return AnsibleConnectionFailure(
+                "pct_ssh: %s (%s). The next task opens a fresh connection; a re-run is safe for modules that finish on "
+                "their own (training_stop leaves its result in the container)." % (e.msg, where)
+            )
         return AnsibleConnectionFailure("pct_ssh: %s (%s)" % (e.msg, where))
 
     def is_pipelining_enabled(self, wrap_async: bool = False) -> bool:

@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import time
 import typing as t
 
@@ -139,3 +140,69 @@ class RunLock:
         if self.fd is not None:
             os.close(self.fd)  # drops the flock
             self.fd = None
+
+
+# ---------------------------------------------------------------------------
+# A ladder that finishes while nobody is watching (issue 14, r14c).
+# Self-contained on purpose: these three functions move as they are when this
+# file becomes _lock.py; training_stop.main() calls them at three marked places.
+# ---------------------------------------------------------------------------
+
+MAX_RECORDED = 20  # processes named in a record (the count is always complete)
+
+
+def shield_from_hangup(received: t.List[str]) -> None:
+    """Keep the module climbing when the connection that started it dies; append caught signals to RECEIVED.
+
+    A dead SSH link or a killed ``pct exec`` sends nothing to a command run
+    without a terminal, but with a pty (``ansible_pct_ssh_pty``, a terminal)
+    the hangup sends SIGHUP, whose default action would end the module between
+    two rungs and leave the job half-signalled (a SIGTERM sent and no SIGCONT,
+    no SIGKILL); and a write to the closed stdout raises SIGPIPE. Both are
+    caught and noted, not ignored: a handler is reset to the default at exec,
+    so the programs the ladder runs (tmux) behave as usual. The ladder then
+    ends on its own bounds and records its outcome for the next run.
+    """
+
+    def note(signum: int, frame: t.Any) -> None:
+        received.append(signal.Signals(signum).name)
+
+    for signum in (signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(signum, note)
+
+
+def outcome_fields(selected: t.Sequence[t.Mapping[str, t.Any]], rungs: t.Sequence[t.Mapping[str, t.Any]],
+                   stopped_by: t.Optional[str], hangups: t.Sequence[str]) -> dict:
+    """What the record keeps of a finished ladder: what it stopped, with which rungs, and whether it lost its caller."""
+    return {
+        "stopped": [{"pid": p["pid"], "cmdline": str(p.get("cmdline", ""))[:200]} for p in selected[:MAX_RECORDED]],
+        "stopped_count": len(selected),
+        "rungs": [{"signal": r.get("signal"), "via": r.get("via"), "sent_at": r.get("sent_at"),
+                   "exited": len(r.get("exited") or [])} for r in rungs],
+        "stopped_by": stopped_by,
+        "hangups": sorted(set(hangups)),
+    }
+
+
+def describe_previous(record: t.Mapping[str, t.Any]) -> str:
+    """One line for a re-run: what the last ladder for this selection did, by which rung, and when."""
+
+    def when(key: str) -> str:
+        value = record.get(key)
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value)) if isinstance(value, (int, float)) else "?"
+
+    who = "training_stop pid %s, started %s" % (record.get("pid", "?"), when("started"))
+    if record.get("state") == "interrupted":
+        return "the last ladder for this selection (%s) was interrupted before it finished" % who
+    if record.get("state") == "running":
+        return "the last ladder for this selection (%s) is still running" % who
+    count = record.get("stopped_count", len(record.get("selected") or []))
+    names = ", ".join("pid %s (%s)" % (p.get("pid"), p.get("cmdline", "")[:60]) for p in (record.get("stopped") or [])[:3])
+    what = "%d process(es)%s" % (count, ": " + names + (" ..." if count > 3 else "") if names else "")
+    lost = " (its connection hung up during the ladder: %s; it finished on its own)" % ", ".join(record["hangups"]) \
+        if record.get("hangups") else ""
+    if record.get("stopped_by"):
+        return "the last ladder for this selection (%s) stopped the job with %s at %s, %s%s" % (
+            who, record["stopped_by"], when("finished"), what, lost)
+    return "the last ladder for this selection (%s) ended at %s: %s%s" % (
+        who, when("finished"), record.get("msg") or "nothing was left to stop", lost)

@@ -215,6 +215,10 @@ notes:
     by the processes exiting (zombies count as exited; a zombie leader whose threads still run does not).
   - The launcher is always signalled before or with its workers, so a respawning launcher cannot restart them.
   - Processes the job starts after the snapshot (children of its live members) join before each later rung.
+  - Once the ladder has started it finishes on its own when the connection that started the module dies (a dead SSH
+    link, a killed C(pct exec)). A hangup (SIGHUP) or a closed output (SIGPIPE) is caught, never obeyed half-way, and
+    the outcome is recorded under I(lock_dir). The next run reports it in RV(previous) and its notes (what was stopped,
+    by which rung, when) instead of only saying that nothing was selected.
 seealso:
   - module: gpuops.repurpose.gpu_free_wait
   - module: gpuops.repurpose.proxmox_ct_exec
@@ -335,12 +339,15 @@ previous:
   description: The record of the last ladder climbed for this selection (by an earlier run, possibly one that was
     waited for, or one nobody watched because its ansible-playbook was killed), read before this run's snapshot.
     C(state) is C(done), C(failed), C(running) (still going; check mode only) or C(interrupted) (its process died
-    part-way); with C(pid), C(started), C(finished), C(selected), C(stopped_by), C(survivors), C(msg). Null when
-    there is none.
+    part-way); with C(pid), C(started), C(finished), C(selected), C(stopped_by), C(survivors), C(msg), and what it
+    stopped (C(stopped), C(stopped_count)), its C(rungs) (signal, when sent, how many exited) and C(hangups) (SIGHUP or
+    SIGPIPE caught because its connection died; the ladder finished on its own). Null when there is none.
   returned: always
   type: dict
   sample: {state: done, pid: 4242, started: 1767225600.1, finished: 1767225671.9, selected: [5120, 5121],
-           stopped_by: SIGKILL, survivors: [], msg: ""}
+           stopped_by: SIGKILL, survivors: [], msg: "", stopped_count: 2, hangups: [SIGHUP],
+           stopped: [{pid: 5120, cmdline: "torchrun --nproc-per-node 8 train.py"}, {pid: 5121, cmdline: "python -u train.py"}],
+           rungs: [{signal: SIGTERM, via: null, sent_at: 0.01, exited: 0}, {signal: SIGKILL, via: null, sent_at: 30.02, exited: 2}]}
 lock_waited:
   description: Seconds this run waited for another ladder on the same selection.
   returned: always
@@ -390,7 +397,10 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
     RunLock,
     RunLockError,
     describe_holder,
+    describe_previous,
     lock_key,
+    outcome_fields,
+    shield_from_hangup,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (  # noqa: E402
     SelectError,
@@ -518,14 +528,17 @@ def main():
                   elapsed=0.0)
     lock = RunLock(params["lock_dir"], lock_key({option: params[option] for option in LOCK_KEY_OPTIONS}))
     climbing = []  # set once this run recorded a ladder as running: its outcome is recorded at the end
+    hangups = []  # r14c: signals caught while the ladder ran unattended (its connection died)
 
     def finish(failed_msg=None):
         result["elapsed"] = round(time.monotonic() - started, 4)
         if climbing:
             try:
+                # r14c: outcome_fields keeps what was stopped and by which rungs, for a re-run to report
                 lock.record(dict(climbing[0], state="failed" if failed_msg else "done", msg=failed_msg or "",
-                                 finished=time.time(), stopped_by=result["stopped_by"], survivors=result["survivors"],
-                                 gpu_holders=[h["pid"] for h in result["gpu_holders"]], elapsed=result["elapsed"]))
+                                 finished=time.time(), survivors=result["survivors"],
+                                 gpu_holders=[h["pid"] for h in result["gpu_holders"]], elapsed=result["elapsed"],
+                                 **outcome_fields(result["selected"], result["rungs"], result["stopped_by"], hangups)))
             except OSError as exc:
                 result["notes"].append("could not record this ladder's outcome in %s: %s" % (lock.state_path, exc))
         lock.release()
@@ -585,11 +598,8 @@ def main():
     if not members:
         previous = result["previous"]
         if previous and previous.get("state") in ("done", "failed", "interrupted"):
-            result["notes"].append("nothing selected now; the last ladder for this selection (pid %s, %s) %s" % (
-                previous.get("pid"), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(previous.get("finished") or previous.get("started") or 0)),
-                "was interrupted before it finished" if previous["state"] == "interrupted" else
-                "stopped the job with %s" % previous["stopped_by"] if previous.get("stopped_by") else
-                "ended: %s" % (previous.get("msg") or "nothing was left to stop")))
+            # r14c: what the earlier run did, even if nobody saw it (its connection died mid-ladder)
+            result["notes"].append("nothing selected now; " + describe_previous(previous))
         finish()
     if module._diff:
         result["diff"] = dict(before=_diff_lines(result["selected"]), after="")
@@ -606,6 +616,8 @@ def main():
 
     climbing.append({"pid": os.getpid(), "started": time.time(), "selection": _selection_text(params),
                      "selected": [m.pid for m in members]})
+    # r14c: from here the ladder finishes on its own even if the connection that started it dies
+    shield_from_hangup(hangups)
     try:
         lock.record(dict(climbing[0], state="running"))
     except OSError as exc:

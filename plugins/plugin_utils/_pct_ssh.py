@@ -42,7 +42,8 @@ import time
 import typing as t
 
 CHUNK = 1024 * 1024  # file transfer block: bounded memory for any file size
-PROTOCOL = 1  # part of the control socket's name: a changed plugin never talks to an older master
+DEAD_DRAIN_S = 10.0  # after the connection died: how long the master waits for its requests' error replies to go out
+PROTOCOL = 2  # part of the control socket's name: a changed plugin never talks to an older master (2: heartbeat frames)
 KINDS = (
     "unreachable",  # TCP/banner level: host down, wrong port, DNS
     "auth",  # login refused
@@ -52,6 +53,7 @@ KINDS = (
     "transfer",  # an SFTP read/write failed
     "master",  # the control master could not be started or reached
     "gone",  # the connection broke before the request ran: safe to retry
+    "lost",  # the connection died while the request ran: it may have run in part, never retried
     "busy",  # the server kept refusing another session (sshd MaxSessions)
     "config",  # bad settings
 )
@@ -85,7 +87,10 @@ class Settings:
     lock_file_timeout: float = 60.0
     proxy_command: t.Optional[str] = None
     use_rsa_sha2_algorithms: bool = True
-    keepalive: int = 15
+    # OpenSSH's ServerAliveInterval/ServerAliveCountMax: a probe every interval; a host that leaves one
+    # unanswered for interval * count_max seconds is dead (see dead_after). 0 turns probing off.
+    server_alive_interval: int = 5
+    server_alive_count_max: int = 3
     # what the caller does with the login that must not be shared either (how pct is run: become method, path)
     identity_extra: t.Dict[str, t.Any] = dataclasses.field(default_factory=dict)
 
@@ -104,6 +109,47 @@ class Settings:
 
     def host_label(self) -> str:
         return "%s@%s:%d" % (self.user or "(default user)", self.host, self.port)
+
+
+def dead_after(settings: Settings) -> t.Optional[float]:
+    """Worst case, in seconds, between a host going silent and its connection being declared dead.
+
+    A probe goes out ``server_alive_interval`` seconds after the last answer and
+    may stay unanswered for ``interval * count_max`` seconds: interval * (count_max + 1)
+    in all. A host that closes the TCP connection (sshd killed, host rebooted with
+    its network up) is noticed at once. None when probing is off.
+    """
+    if settings.server_alive_interval <= 0:
+        return None
+    return float(settings.server_alive_interval * (max(1, settings.server_alive_count_max) + 1))
+
+
+def heartbeat_period(settings: Settings) -> float:
+    """How often a control master tells a waiting worker that it is still alive and working."""
+    interval = settings.server_alive_interval
+    return float(min(5, interval)) if interval > 0 else 5.0
+
+
+def frame_timeout(settings: Settings) -> float:
+    """Longest a worker waits for the next frame (reply or heartbeat) from its control master.
+
+    Several missed heartbeats, so a busy master is never taken for a hung one,
+    yet a frozen or vanished master is given up on within seconds.
+    """
+    return heartbeat_period(settings) * (max(1, settings.server_alive_count_max) + 1) + 5.0
+
+
+def validate_alive(interval: t.Any, count_max: t.Any) -> t.Tuple[int, int]:
+    """Check the server-alive options; SessionError('config') names the option and the fix."""
+    try:
+        i, c = int(interval), int(count_max)
+    except (TypeError, ValueError):
+        raise SessionError("config", "server_alive_interval and server_alive_count_max must be integers, got %r and %r" % (interval, count_max)) from None
+    if i < 0:
+        raise SessionError("config", "server_alive_interval must be >= 0 seconds (0 turns keepalive probes off), got %d" % i)
+    if c < 1:
+        raise SessionError("config", "server_alive_count_max must be >= 1 (unanswered probes before the host is declared dead), got %d" % c)
+    return i, c
 
 
 @dataclasses.dataclass
@@ -192,6 +238,8 @@ class DirectSession:
         self.client: t.Any = None
         self._pool: t.List[t.Any] = []
         self._pool_lock = threading.Lock()
+        self._closing = threading.Event()
+        self.dead_reason = ""  # why the watchdog closed the transport ("" while alive or closed by us)
 
     # -- connection ---------------------------------------------------------
     def connect(self) -> DirectSession:
@@ -260,10 +308,40 @@ class DirectSession:
         except (OSError, EOFError, paramiko.SSHException) as e:
             client.close()
             raise SessionError("unreachable", "%s: %s" % (type(e).__name__, e)) from None
-        if s.keepalive:
-            client.get_transport().set_keepalive(s.keepalive)
         self.client = client
+        if s.server_alive_interval > 0:
+            transport = client.get_transport()
+            # paramiko's own keepalive keeps NAT and firewall state fresh, but asks for no answer, so it never
+            # notices a host that went silent (a frozen sshd, a cut cable): the watchdog does that
+            transport.set_keepalive(s.server_alive_interval)
+            threading.Thread(target=self._watchdog, args=(transport,), name="pct_ssh-watchdog", daemon=True).start()
         return self
+
+    def _watchdog(self, transport: t.Any) -> None:
+        """Close TRANSPORT when the host leaves a keepalive unanswered for interval * count_max seconds.
+
+        Like OpenSSH's ServerAliveInterval: a ``keepalive@openssh.com`` global
+        request that wants a reply (sshd answers it, with a failure, which is
+        enough); paramiko's wait for the reply is unbounded, so it runs in its
+        own thread and this one bounds it. Closing the transport wakes every
+        reader of its channels, so each pending request fails at once.
+        """
+        s = self.settings
+        interval = float(s.server_alive_interval)
+        grace = interval * max(1, s.server_alive_count_max)
+        while not self._closing.wait(interval):
+            if not transport.is_active():
+                return
+            probe = threading.Thread(target=_probe, args=(transport,), name="pct_ssh-probe", daemon=True)
+            probe.start()
+            probe.join(grace)
+            if self._closing.is_set() or not transport.is_active():
+                return
+            if probe.is_alive():
+                self.dead_reason = "%s answered no keepalive for %gs (server_alive_interval=%d, server_alive_count_max=%d)" % (
+                    s.host_label(), grace, s.server_alive_interval, s.server_alive_count_max)
+                transport.close()
+                return
 
     def _missing_host_key(self, client: t.Any, hostname: str, key: t.Any) -> None:
         s = self.settings
@@ -285,7 +363,12 @@ class DirectSession:
         tr = self.client.get_transport() if self.client else None
         return bool(tr and tr.is_active())
 
+    def lost_reason(self) -> str:
+        """Why the connection is gone, for messages."""
+        return self.dead_reason or "the connection to %s was closed (host or network)" % self.settings.host_label()
+
     def close(self) -> None:
+        self._closing.set()
         with self._pool_lock:
             pool, self._pool = self._pool, []
         for sftp in pool:
@@ -321,7 +404,20 @@ class DirectSession:
             if pty:
                 chan.get_pty(term="vt100", width=0, height=0)
             chan.exec_command(command)
-            return _pump(chan, stdin, src, sink, timeout)
+            result = _pump(chan, stdin, src, sink, timeout)
+            if result is None:
+                raise SessionError(
+                    "lost",
+                    "the SSH connection died while the command ran: %s. The command may have run in part on the host; "
+                    "it was not retried" % self.lost_reason(),
+                )
+            return result
+        except SessionError:
+            raise
+        except Exception as e:  # paramiko on a transport that died between open and exec
+            if self.alive():
+                raise
+            raise SessionError("lost", "the SSH connection died while starting the command: %s (%s: %s)" % (self.lost_reason(), type(e).__name__, e)) from None
         finally:
             chan.close()
             if src:
@@ -451,12 +547,31 @@ class DirectSession:
                 raise SessionError("transfer", "cannot remove the temporary directory %s on the host: %s" % (path, e)) from None
 
 
-def _pump(chan: t.Any, stdin: t.Optional[bytes], src: t.Optional[t.BinaryIO], sink: t.Optional[t.BinaryIO], timeout: float) -> ExecResult:
-    """Feed stdin and drain stdout+stderr together until exit or TIMEOUT.
+def _connection_lost(chan: t.Any) -> bool:
+    """The channel was torn down with its transport (not closed by the command ending)."""
+    transport = chan.get_transport()
+    return not (transport is not None and transport.is_active())
+
+
+def _probe(transport: t.Any) -> None:
+    """One keepalive that wants an answer (returns when answered, or when the transport dies)."""
+    try:
+        transport.global_request("keepalive@openssh.com", wait=True)
+    except Exception:  # noqa: BLE001 - a probe on a dying transport: the watchdog judges by is_active()
+        pass
+
+
+def _pump(
+    chan: t.Any, stdin: t.Optional[bytes], src: t.Optional[t.BinaryIO], sink: t.Optional[t.BinaryIO], timeout: float
+) -> t.Optional[ExecResult]:
+    """Feed stdin and drain stdout+stderr together until exit or TIMEOUT; None when the connection died meanwhile.
 
     Reading both streams in one loop is what keeps a chatty stderr from
     stalling stdout (and the reverse); writing stdin in the same loop keeps a
     command that answers before it has read all its input from deadlocking.
+    A transport that dies (closed by the host, or by the keepalive watchdog)
+    closes the channel without an EOF: that is checked on every turn, so the
+    wait ends within a second of it instead of at TIMEOUT.
     """
     deadline = time.monotonic() + timeout
     out: t.List[bytes] = []
@@ -501,7 +616,11 @@ def _pump(chan: t.Any, stdin: t.Optional[bytes], src: t.Optional[t.BinaryIO], si
         if chan.eof_received and not chan.recv_ready() and not chan.recv_stderr_ready():
             # data is complete; the exit status follows (or never comes if killed)
             chan.status_event.wait(max(0.0, min(deadline - time.monotonic(), 5.0)))
+            if not chan.exit_status_ready() and _connection_lost(chan):
+                return None
             break
+        if chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready() and _connection_lost(chan):
+            return None
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return ExecResult(-1, b"".join(out), b"".join(err), timed_out=True)
@@ -568,26 +687,50 @@ def private_dir(directory: str) -> str:
 
 
 class MasterClient:
-    """The session interface, answered by a control master over a unix socket."""
+    """The session interface, answered by a control master over a unix socket.
 
-    def __init__(self, path: str, request_timeout_margin: float = 30.0) -> None:
+    Every read on the socket is bounded by FRAME_TIMEOUT: while a request runs
+    the master sends a heartbeat frame every few seconds, so a master that
+    froze or vanished is given up on within seconds, not at the command's
+    own timeout (an hour by default).
+    """
+
+    def __init__(self, path: str, request_timeout_margin: float = 30.0, frame_timeout: float = 30.0) -> None:
         self.path = path
         self.margin = request_timeout_margin
+        self.frame_timeout = frame_timeout
 
     def _call(self, header: t.Dict[str, t.Any], *blobs: bytes, timeout: float = 60.0) -> t.Tuple[t.Dict[str, t.Any], t.List[bytes]]:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        op = header.get("op")
         try:
-            # the master bounds the command itself; this only guards against a hung master
-            sock.settimeout(timeout + self.margin)
+            sock.settimeout(min(timeout + self.margin, self.frame_timeout))
             try:
                 sock.connect(self.path)
             except OSError as e:
                 raise SessionError("gone", "control master %s is not answering: %s" % (self.path, e)) from None
+            deadline = time.monotonic() + timeout + self.margin  # the master bounds the request itself; this is the backstop
             try:
                 _send(sock, header, *blobs)
-                reply, data = _recv(sock)
+                while True:
+                    sock.settimeout(max(0.1, min(deadline - time.monotonic(), self.frame_timeout)))
+                    reply, data = _recv(sock)
+                    if "heartbeat" not in reply:
+                        break
+                    if time.monotonic() >= deadline:
+                        raise socket.timeout("no reply within %gs" % (timeout + self.margin))
+            except socket.timeout:
+                raise SessionError(
+                    "master",
+                    "the control master %s sent nothing for %gs during %s (frozen or overloaded); the request may have run in "
+                    "part and was not retried" % (self.path, self.frame_timeout, op),
+                ) from None
             except (OSError, EOFError, ValueError) as e:
-                raise SessionError("master", "control master %s failed during %s: %s" % (self.path, header.get("op"), e)) from None
+                raise SessionError(
+                    "master",
+                    "the control master %s went away during %s (%s); the request may have run in part and was not retried"
+                    % (self.path, op, e or type(e).__name__),
+                ) from None
         finally:
             sock.close()
         if "error" in reply:
@@ -644,7 +787,7 @@ def open_master(settings: Settings, directory: str, persist: int, start_timeout:
     """
     directory = private_dir(directory)
     path = control_path(settings, directory)
-    client = MasterClient(path)
+    client = MasterClient(path, frame_timeout=frame_timeout(settings))
     if client.ping():
         return client
     with open(path + ".lock", "a") as lock:
@@ -704,6 +847,22 @@ class _Master:
         self.lock = threading.Lock()
         self.stopping = False
         self.ino = 0
+        self.heartbeat = heartbeat_period(session.settings)
+
+    def answer(self, header: t.Dict[str, t.Any], blobs: t.List[bytes]) -> t.Tuple[t.Dict[str, t.Any], t.Sequence[bytes]]:
+        """The reply to one request; a failure becomes an error reply (never kills the master)."""
+        try:
+            return self.dispatch(header, blobs)
+        except SessionError as e:
+            if e.kind not in ("gone", "lost") and not self.session.alive():
+                e = SessionError("lost", "the SSH connection died during %s: %s (%s)" % (header.get("op"), self.session.lost_reason(), e.msg))
+            return {"error": {"kind": e.kind, "msg": e.msg}}, ()
+        except Exception as e:  # noqa: BLE001 - report, never kill the master over one request
+            if not self.session.alive():
+                msg = "the SSH connection died during %s: %s (%s: %s); it may have run in part and was not retried" % (
+                    header.get("op"), self.session.lost_reason(), type(e).__name__, e)
+                return {"error": {"kind": "lost", "msg": msg}}, ()
+            return {"error": {"kind": "master", "msg": "%s: %s" % (type(e).__name__, e)}}, ()
 
     def handle(self, conn: socket.socket) -> None:
         with self.lock:
@@ -711,16 +870,24 @@ class _Master:
         try:
             conn.settimeout(60)
             header, blobs = _recv(conn)
-            conn.settimeout(None)
-            try:
-                reply, data = self.dispatch(header, blobs)
-            except SessionError as e:
-                reply, data = {"error": {"kind": e.kind, "msg": e.msg}}, ()
-            except Exception as e:  # report, never kill the master over one request
-                reply, data = {"error": {"kind": "master", "msg": "%s: %s" % (type(e).__name__, e)}}, ()
+            # the request runs in its own thread; this one tells the worker every few seconds that the
+            # master is alive, so the worker's bounded reads tell a long command from a frozen master
+            outcome: t.List[t.Tuple[t.Dict[str, t.Any], t.Sequence[bytes]]] = []
+            done = threading.Event()
+
+            def work() -> None:
+                try:
+                    outcome.append(self.answer(header, blobs))
+                finally:
+                    done.set()
+
+            threading.Thread(target=work, name="pct_ssh-request", daemon=True).start()
+            while not done.wait(self.heartbeat):
+                _send(conn, {"heartbeat": True})
+            reply, data = outcome[0]
             _send(conn, reply, *data)
         except (OSError, EOFError, ValueError):
-            pass
+            pass  # the worker went away (or sent garbage): nothing to answer
         finally:
             conn.close()
             with self.lock:
@@ -731,6 +898,8 @@ class _Master:
         op = h.get("op")
         s = self.session
         if op == "ping":
+            if not s.alive():  # dying: a worker starts a fresh master instead of queueing here
+                raise SessionError("gone", s.lost_reason())
             return {"ok": True, "pid": os.getpid()}, ()
         if op == "stop":
             self.stopping = True
@@ -785,11 +954,15 @@ class _Master:
             except (socket.timeout, OSError):
                 break
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
-        deadline = time.monotonic() + 24 * 3600  # a running transfer may take long; each request is bounded itself
+        # a running transfer may take long while the connection lives; once it is dead every request
+        # fails within a second (its channel is closed), so the master exits promptly
+        deadline = time.monotonic() + 24 * 3600
         while time.monotonic() < deadline:
             with self.lock:
                 if self.active == 0:
                     return
+            if not self.session.alive():
+                deadline = min(deadline, time.monotonic() + DEAD_DRAIN_S)
             time.sleep(0.05)
 
 
