@@ -7,19 +7,26 @@ must fail clearly (the reason, never "freed") well inside its own bound, not sit
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
+import sys
 import time
 
 import pytest
-from faults_support import ROOT
+from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file
 
-_spec = importlib.util.spec_from_file_location(
-    "gfw", os.path.join(ROOT, "tests", "integration", "test_gpu_free_wait.py"))
-gfw = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gfw)
+from tests.support.paths import COLLECTIONS
+
+MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.gpu_free_wait"
+
+
+def module_cmd(fake, tmp_path, **args) -> list:
+    """The module as Ansible runs it on a target: ``python -m MODULE ARGS.json``."""
+    args.setdefault("nvidia_smi_path", NVIDIA_SMI)
+    args.setdefault("device_paths", [fake.device_glob])
+    path = module_args_file(str(tmp_path / ("args-%d.json" % time.monotonic_ns())), **args)
+    return [sys.executable, "-m", MODULE, path]
+
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,7 +35,7 @@ TIMEOUT = 8  # the wait's own bound (one nvidia-smi call is bounded by min(30, m
 
 @pytest.fixture
 def fake(tmp_path):
-    gpus = gfw.FakeGpus(str(tmp_path), release_delay=0.5)
+    gpus = FakeGpus(str(tmp_path), release_delay=0.5)
     yield gpus
     gpus.close()
 
@@ -37,8 +44,8 @@ def wait_mid_fault(fake, tmp_path, figures, name: str, **mode) -> tuple[dict, fl
     holder = fake.hold([3], mib=80000)
     try:
         t0 = time.monotonic()
-        proc = subprocess.Popen(gfw.module_cmd(fake, tmp_path, timeout=TIMEOUT, interval=0.2),
-                                env=gfw.module_env(fake), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(module_cmd(fake, tmp_path, timeout=TIMEOUT, interval=0.2),
+                                env=dict(fake.env, PYTHONPATH=str(COLLECTIONS)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(1.5)  # several samples with GPU 3 held
         assert proc.poll() is None, "the wait ended before the fault"
         fake.config(**mode)
