@@ -112,6 +112,9 @@ TRAINER_SESSION = "dflash"
 TRAINER_SCRIPT = CT_LAB + "/trainer/fake_trainer.py"
 TRAINER_CKPT = "/root/dflash/checkpoints"
 TRAINER_NPROC = 8
+# The signal audit (tests/lab/trainer/signal_audit.py): the fake trainer and the networkd-dispatcher decoy
+# record every signal they receive there, one file per process (the decoy's unit sets the same directory).
+CT_SIGNAL_AUDIT = "/var/log/gpuops-lab/signals"
 BEHAVIOURS = ("graceful", "slow_checkpoint", "stubborn", "orphans", "respawn", "torchrun")
 DEFAULT_BEHAVIOUR = "graceful"
 STEP_RE = re.compile(r"^step \d+ \|", re.M)
@@ -889,11 +892,23 @@ def has_session(vmid: str, name: str) -> bool:
     return tmux(vmid, "has-session", "-t", "=" + name, check=False).returncode == 0
 
 
+def decoy_audited(vmid: str) -> bool:
+    """The running networkd-dispatcher decoy records its signals (started from the unit that asks it to)."""
+    res = ct_exec(vmid, ["systemctl", "show", "-p", "MainPID", "--value", "networkd-dispatcher.service"], check=False)
+    pid = res.stdout.decode().strip()
+    audit = os.path.join(LXCPATH, vmid, "rootfs", CT_SIGNAL_AUDIT.lstrip("/"), "networkd-dispatcher.%s.jsonl" % pid)
+    return pid.isdigit() and pid != "0" and os.path.exists(audit)
+
+
 def ensure_decoys(vmid: str) -> None:
     res = ct_exec(vmid, ["systemctl", "is-active", "networkd-dispatcher.service"], check=False)
     if res.stdout.decode().strip() != "active":
         ct_exec(vmid, ["systemctl", "daemon-reload"])
         ct_exec(vmid, ["systemctl", "enable", "--now", "networkd-dispatcher.service"])
+    elif not decoy_audited(vmid):
+        # started before the unit asked for the signal audit: once, restart it from the current unit
+        ct_exec(vmid, ["systemctl", "daemon-reload"])
+        ct_exec(vmid, ["systemctl", "restart", "networkd-dispatcher.service"])
     for name, argv in DECOY_SESSIONS.items():
         if not has_session(vmid, name):
             tmux(vmid, "new-session", "-d", "-s", name, "-x", "160", "-y", "48", shlex.join(argv))
@@ -964,8 +979,9 @@ def stop_trainer(state: dict) -> None:
 
 
 def new_trainer_session() -> None:
+    # the pane's shell (and so the trainer typed into it) gets the signal audit's directory
     tmux(MAIN_CT, "new-session", "-d", "-s", TRAINER_SESSION, "-x", "200", "-y", "50", "-c",
-         os.path.dirname(TRAINER_CKPT))
+         os.path.dirname(TRAINER_CKPT), "-e", "GPUOPS_LAB_SIGNAL_AUDIT=" + CT_SIGNAL_AUDIT)
 
 
 VENV_MARKER = ".gpuops-lab-complete"
@@ -1333,6 +1349,11 @@ def status_dict() -> dict:
         "decoys": {
             "networkd_dispatcher": "systemd unit networkd-dispatcher.service in CT%s" % MAIN_CT,
             "tmux_sessions": {name: shlex.join(argv) for name, argv in DECOY_SESSIONS.items()},
+        },
+        "signal_audit": {
+            "container_dir": CT_SIGNAL_AUDIT,
+            "host_dir": os.path.join(LXCPATH, MAIN_CT, "rootfs", CT_SIGNAL_AUDIT.lstrip("/")),
+            "audited": ["fake trainer launcher and workers", "networkd-dispatcher decoy"],
         },
         "faults": {
             "dir": FAULTS_DIR,

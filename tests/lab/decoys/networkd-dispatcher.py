@@ -9,15 +9,30 @@ containers and run by a systemd unit, so ``ps`` shows
 ``/usr/bin/python3 /usr/bin/networkd-dispatcher --run-startup-triggers``,
 as on a stock Debian/Ubuntu node. It is the process an over-broad
 ``pgrep python`` / ``ps aux | grep python`` wrongly counts as training.
-It holds no GPU and does nothing but wait; SIGTERM ends it cleanly.
+It holds no GPU and does nothing but wait; SIGTERM ends it cleanly. With
+``GPUOPS_LAB_SIGNAL_AUDIT`` set (its lab unit sets it) every signal it receives is
+recorded (tests/lab/trainer/signal_audit.py): no decoy may ever be signalled.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
+
+
+def _signal_audit() -> object | None:
+    """The lab's signal audit (tests/lab/trainer/signal_audit.py, in /opt/lab/trainer) when its unit asks for it."""
+    if not os.environ.get("GPUOPS_LAB_SIGNAL_AUDIT"):
+        return None
+    sys.path.insert(0, "/opt/lab/trainer")
+    try:
+        from signal_audit import SignalAudit
+    except ImportError:
+        return None
+    return SignalAudit("networkd-dispatcher")
 
 
 def main() -> int:
@@ -25,8 +40,12 @@ def main() -> int:
     parser.add_argument("--run-startup-triggers", action="store_true")
     parser.add_argument("-S", "--script-dir", default="/etc/networkd-dispatcher")
     parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    audit = _signal_audit()
+    handle = audit.handle if audit is not None else signal.signal
+    handle(signal.SIGTERM, lambda *_: sys.exit(0))
+    handle(signal.SIGHUP, signal.SIG_IGN)
+    if audit is not None:
+        audit.install()
     while True:
         time.sleep(3600)
 

@@ -42,6 +42,10 @@ respawn
     dies (one line per restart in ``CKPT_DIR/restarts.log``), and stops
     restarting and tears down like graceful only on SIGTERM.
 
+With ``GPUOPS_LAB_SIGNAL_AUDIT=DIR`` in the environment (the lab sets it) the launcher and every
+worker record each signal they receive in ``DIR/launcher.PID.jsonl`` / ``DIR/worker-N.PID.jsonl``
+(``signal_audit.py``), so a test compares what each process got with what the stop report says.
+
 Lines the launcher and workers print start with ``[launcher]`` / ``[rank N]``
 except the step lines, which look like the real ones.
 
@@ -64,6 +68,9 @@ import signal
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from signal_audit import SignalAudit  # noqa: E402  (next to this file, in tree and in /opt/lab/trainer)
 
 BEHAVIOURS = ("graceful", "slow_checkpoint", "stubborn", "orphans", "respawn")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -210,12 +217,14 @@ def hold_gpu(rank: int, mib: int) -> object:
 def worker(args: argparse.Namespace) -> int:
     who = "rank %d" % args.rank
     wake = Wakeup()
+    audit = SignalAudit("worker-%d" % args.rank)
     catch = (signal.SIGINT, signal.SIGTERM)
     for signum in catch:
         if args.behaviour == "stubborn":
-            signal.signal(signum, signal.SIG_IGN)
+            audit.handle(signum, signal.SIG_IGN)
         else:
-            signal.signal(signum, wake.handler)
+            audit.handle(signum, wake.handler)
+    audit.install()
     gpu = None if args.no_gpu else hold_gpu(args.rank, args.gpu_mib)
     step = args.step_start
     say(who, "pid %d up (session %d)" % (os.getpid(), os.getsid(0)))
@@ -273,8 +282,10 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
     who = "launcher"
     os.makedirs(args.ckpt_dir, exist_ok=True)
     wake = Wakeup()
+    audit = SignalAudit("launcher")
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(signum, wake.handler)
+        audit.handle(signum, wake.handler)
+    audit.install()
     say(who, "pid %d behaviour %s nproc %d" % (os.getpid(), args.behaviour, args.nproc))
     workers = {rank: spawn_worker(args, argv, rank) for rank in range(args.nproc)}
     restarts_log = os.path.join(args.ckpt_dir, "restarts.log")
@@ -294,7 +305,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                 if forever:
                     # stubborn: the signals that follow are received but change nothing
                     for signum in (signal.SIGINT, signal.SIGTERM):
-                        signal.signal(signum, signal.SIG_IGN)
+                        audit.handle(signum, signal.SIG_IGN)
                 teardown(workers, None if forever else args.teardown_seconds)
                 say(who, "all workers gone")
                 return 0

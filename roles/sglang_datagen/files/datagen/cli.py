@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from datagen import __version__, paths
+from datagen import __version__, paths, space
 from datagen.config import ConfigError, declared_inputs, load_config, load_raw
 from datagen.util import DatagenError
 
@@ -174,17 +174,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ConfigError as exc:
         print(f"datagen {args.stage}: {exc}", file=sys.stderr)
         return 2
-    except DatagenError as exc:
-        print(f"datagen {args.stage}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - a full disk reads the same from every writer of every stage
+        if not space.is_disk_full(exc):
+            return _report_failure(args.stage, exc)
+        print(f"datagen {_disk_full_line(args.stage, args.config)}", file=sys.stderr)
         return 1
-    except Exception as exc:  # the generate side raises its own GenerateError; keep its message, no traceback
-        if type(exc).__name__ == "GenerateError":
-            print(f"datagen {args.stage}: {exc}", file=sys.stderr)
-            return 1
-        raise
     json.dump(result, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
     return 0
+
+
+def _disk_full_line(stage: str, config_path: str) -> str:
+    try:
+        cfg = load_config(config_path, check_inputs=False)
+    except Exception:  # noqa: BLE001 - the config loaded before the stage ran; this is only the message
+        return f"{stage}: no space left on device under the work_dir of {config_path}; free space and run again"
+    return space.disk_full_message(stage, cfg)
+
+
+def _report_failure(stage: str, exc: Exception) -> int:
+    """Exit status 1 and the message for a stage that failed; anything else is a bug (traceback)."""
+    # the generate side raises its own GenerateError; keep its message, no traceback
+    if isinstance(exc, DatagenError) or type(exc).__name__ == "GenerateError":
+        print(f"datagen {stage}: {exc}", file=sys.stderr)
+        return 1
+    raise exc
 
 
 def _mark_stage_done(config_path: str, stage: str) -> None:

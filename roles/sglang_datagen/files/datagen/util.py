@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -145,10 +146,39 @@ def read_json(path: str) -> Optional[Any]:
 
 def fresh_build_dir(out_dir: str) -> str:
     """An empty private sibling of ``out_dir`` (``OUT.tmp-PID``) to build the stage's next output in."""
+    remove_dead_build_dirs(out_dir)
     tmp_dir = out_dir + f".tmp-{os.getpid()}"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     os.makedirs(tmp_dir)
     return tmp_dir
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_build_dirs(out_dir: str) -> List[str]:
+    """Remove ``OUT.tmp-PID``/``OUT.old-PID`` left by a run that was killed (its PID is gone).
+
+    A stage SIGKILLed mid-build (or a container rebooted under it) leaves its private build
+    directory behind; never a finished output, but it holds disk space the next run needs.
+    A directory of a process still running (another run's build in progress) is left alone.
+    """
+    removed = []
+    for kind in ("tmp", "old"):
+        prefix = f"{out_dir}.{kind}-"
+        for path in glob.glob(glob.escape(prefix) + "*"):
+            pid = path[len(prefix):]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
 
 
 def swap_dir(tmp_dir: str, out_dir: str) -> None:

@@ -1,0 +1,251 @@
+"""Faults in the data half, on real processes: the datagen stages as the pipeline unit runs them
+(``python -m datagen STAGE --config ...``, one after the other), the SGLang stand-in on loopback,
+and a real size-limited filesystem (tmpfs) as ``work_dir``.
+
+- Each stage (prepare, generate, tokenize, merge, report) SIGKILLed while it works (the kill
+  lands when the stage's own in-progress output appears), then the whole unit restarted from the
+  top as systemd restarts a oneshot unit: every prepared id exactly once in the tokenized and
+  merged shards, every shard readable with the row count its manifest says, no build directory
+  of the killed run left behind.
+- ``work_dir`` filling up during generate, tokenize and merge: exit status 1 and one line naming
+  the path and the space needed (no traceback), nothing half-written taken as done, and the run
+  completes once the space is freed.
+
+The lab-side faults of the data half (workers and router killed under systemd, CT200 rebooted
+mid-pipeline) are in ``test_datagen_lab_faults.py``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import pytest
+from faults_support import FILES
+from faults_support import dg_rows as fx
+from harness import StandinProcess
+
+PIPELINE = ("prepare", "generate", "tokenize", "merge", "report")
+ROWS = 1200  # enough that every stage runs long enough (tens of ms at least) to be killed mid-way
+KILL_WAIT_S = 60  # bound on waiting for a stage to reach its kill point
+
+
+def _env() -> Dict[str, str]:
+    return dict(os.environ, PYTHONPATH=FILES)
+
+
+def datagen(stage: str, cfg: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "datagen", stage, "--config", cfg], capture_output=True,
+                          text=True, env=_env(), timeout=timeout, cwd="/", check=False)
+
+
+def run_unit(cfg: str) -> List[dict]:
+    """The pipeline unit's ExecStart lines, in order, as systemd runs a oneshot unit (stop at the first failure)."""
+    out = []
+    for stage in PIPELINE:
+        p = datagen(stage, cfg)
+        assert p.returncode == 0, f"{stage}: {p.stderr[-3000:]}"
+        out.append(json.loads(p.stdout))
+    return out
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    tok = fx.build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+    # a little latency so generate is killed with rows still in flight
+    s = StandinProcess(["--tokenizer", tok, "--latency", "0.004"], model="target-model").start()
+    yield s, tok
+    s.stop()
+
+
+def make_config(tmp_path: Path, work: Path, standin, n_existing: int = 200) -> str:
+    server, tok = standin
+    existing = fx.write_jsonl(tmp_path / "existing.jsonl", [
+        {"id": f"e{i}", "category": "coding",
+         "messages": [{"role": "user", "content": f"Write python function {i}"},
+                      {"role": "assistant", "content": "def f(): return x"}]}
+        for i in range(n_existing)])
+    cfg = fx.write_config(tmp_path, fx.six_sources(tmp_path, ROWS // 4), servers=[server.url], tokenizer=tok,
+                          existing_dataset={"path": existing}, target_total=ROWS, max_length=4096,
+                          generate={"concurrency": 8}, tokenize={"prompt_check": "drop", "batch_size": 64})
+    # write_config puts work_dir under tmp_path; point it where the test wants it
+    import yaml
+
+    raw = yaml.safe_load(Path(cfg).read_text())
+    raw["work_dir"] = str(work)
+    Path(cfg).write_text(yaml.safe_dump(raw, sort_keys=False))
+    return cfg
+
+
+def _lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for line in fh if line.strip())
+    except OSError:
+        return 0
+
+
+def kill_point(stage: str, work: Path) -> Callable[[], bool]:
+    """True once ``stage`` has visibly started writing its output (the moment its kill lands)."""
+    if stage == "prepare":
+        return lambda: (work / "prepare.spool.jsonl").exists()
+    if stage == "generate":
+        return lambda: _lines(work / "generated.jsonl") >= ROWS // 3
+    if stage == "tokenize":
+        return lambda: bool(glob.glob(str(work / "tokenized.tmp-*")))
+    if stage == "merge":
+        return lambda: bool(glob.glob(str(work / "merged.tmp-*")))
+    return lambda: (work / "report").is_dir()
+
+
+def kill_stage_at(stage: str, cfg: str, reached: Callable[[], bool]) -> Dict[str, object]:
+    """Run ``stage``, SIGKILL its whole process group the moment ``reached()`` is true; bounded."""
+    proc = subprocess.Popen([sys.executable, "-m", "datagen", stage, "--config", cfg], env=_env(), cwd="/",
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + KILL_WAIT_S
+    landed = False
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if reached():
+                os.killpg(proc.pid, signal.SIGKILL)
+                landed = True
+                break
+            time.sleep(0.001)
+    finally:
+        if proc.poll() is None and not landed:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        if proc.stderr:
+            proc.stderr.close()
+    return {"landed": landed, "rc": proc.returncode, "stderr": err}
+
+
+def check_dataset(work: Path) -> Dict[str, int]:
+    """Every prepared id exactly once in tokenized and merged; shards whole; nothing of a dead build left."""
+    import pyarrow.parquet as pq
+
+    ids = [json.loads(line)["id"] for line in open(work / "prompts.jsonl", encoding="utf-8")]
+    assert len(ids) == len(set(ids)) == ROWS
+    generated = [json.loads(line)["id"] for line in open(work / "generated.jsonl", encoding="utf-8")]
+    assert sorted(generated) == sorted(ids), "generate lost or doubled rows"
+    lost = 0
+    for sub in ("tokenized", "merged"):
+        man = json.loads((work / sub / "manifest.json").read_text())
+        rows = []
+        for shard in man["shards"]:
+            table = pq.read_table(shard)  # a truncated shard does not read (no footer)
+            rows += table.column("id").to_pylist() if sub == "tokenized" else [
+                r["id"] for r in table.select(["id", "origin"]).to_pylist() if r["origin"] == "new"]
+        assert len(rows) == len(set(rows)), f"{sub}: an id appears twice"
+        lost += len(set(ids) - set(rows))
+        assert sorted(rows) == sorted(ids), f"{sub}: rows lost or extra"
+        assert sorted(glob.glob(str(work / sub / "*.parquet"))) == sorted(man["shards"]), f"{sub}: stray shard"
+    assert (work / "report" / "report.json").exists()
+    left = glob.glob(str(work / "*.tmp-*")) + glob.glob(str(work / "*.old-*")) + glob.glob(str(work / "*.tmp"))
+    assert left == [], f"left behind by the killed run: {left}"
+    return {"rows": len(ids), "lost": lost}
+
+
+@pytest.mark.parametrize("stage", PIPELINE)
+def test_stage_killed_then_unit_restarted(stage, tmp_path, standin, figures):
+    work = tmp_path / "work"
+    cfg = make_config(tmp_path, work, standin)
+    for before in PIPELINE[:PIPELINE.index(stage)]:
+        assert datagen(before, cfg).returncode == 0
+    kill = kill_stage_at(stage, cfg, kill_point(stage, work))
+    figures.injected("datagen stage SIGKILLed: " + stage)
+    assert kill["landed"], f"{stage} finished before its kill point (rc {kill['rc']}): {kill['stderr'][-2000:]}"
+    assert kill["rc"] == -signal.SIGKILL
+    # the killed stage's output is not taken as done: the restart redoes it
+    summaries = dict(zip(PIPELINE, run_unit(cfg)))
+    assert summaries[stage].get("skipped") in (False, None), f"{stage}: the half-done output was taken as done"
+    result = check_dataset(work)
+    figures.survived("datagen stage SIGKILLed: " + stage, rows_lost=result["lost"])
+    # and a second restart changes nothing
+    again = dict(zip(PIPELINE, run_unit(cfg)))
+    assert all(again[s].get("skipped") is True for s in ("prepare", "tokenize", "merge", "report"))
+    assert again["generate"]["written"] == 0
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """``tmp_path/work`` as a real 16 MiB tmpfs (a size-limited filesystem of its own)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI and the lab run as root)")
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0755", "gpuops-faults-full", str(work)], check=True)
+    try:
+        yield work
+    finally:
+        subprocess.run(["umount", "-l", str(work)], check=False)
+
+
+def fill(work: Path, leave: int) -> Path:
+    """Fill ``work``'s filesystem until only ``leave`` bytes are free; the ballast file is returned."""
+    st = os.statvfs(work)
+    ballast = work / "ballast"
+    with open(ballast, "wb") as fh:
+        fh.write(b"\0" * max(st.f_bavail * st.f_frsize - leave, 0))
+    return ballast
+
+
+def done_marker(stage: str, work: Path) -> Optional[Path]:
+    return {"tokenize": work / "tokenized" / "manifest.json", "merge": work / "merged" / "manifest.json"}.get(stage)
+
+
+# generate: room for a few rows, then full mid-stage; tokenize/merge: full before the first shard closes
+@pytest.mark.parametrize("stage,leave", [("generate", 64 * 1024), ("tokenize", 8 * 1024), ("merge", 8 * 1024)])
+def test_work_dir_fills_up(stage, leave, tmp_path, small_fs, standin, figures):
+    work = small_fs
+    cfg = make_config(tmp_path, work, standin)
+    for before in PIPELINE[:PIPELINE.index(stage)]:
+        assert datagen(before, cfg).returncode == 0
+    ballast = fill(work, leave)
+    p = datagen(stage, cfg)
+    figures.injected("work_dir full: " + stage)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    line = [ln for ln in p.stderr.splitlines() if ln.startswith(f"datagen {stage}:")]
+    assert line, p.stderr[-3000:]
+    assert f"no space left on the filesystem of work_dir {work}" in line[-1]
+    assert "this stage needs about" in line[-1] and "free" in line[-1]
+    marker = done_marker(stage, work)
+    assert marker is None or not marker.exists(), "a stage that ran out of space left its done marker"
+    assert glob.glob(str(work / "*.tmp-*")) == [], "the failed build directory was left on the full disk"
+    if stage == "generate":
+        written = _lines(work / "generated.jsonl")
+        assert 0 < written < ROWS, "the disk should fill mid-generation"
+    ballast.unlink()
+    summaries = dict(zip(PIPELINE, run_unit(cfg)))
+    assert summaries[stage].get("skipped") in (False, None)
+    result = check_dataset(work)
+    figures.survived("work_dir full: " + stage, rows_lost=result["lost"])
+
+
+def test_disk_full_message_names_the_space_needed(tmp_path):
+    """The estimate for generate grows with the rows left: the message is not a fixed string."""
+    sys.path.insert(0, FILES)
+    from datagen import space
+
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"id": str(i), "p": "x" * 200}) + "\n"
+                                                for i in range(1000)))
+    (work / "generated.jsonl").write_text("".join(json.dumps({"id": str(i), "r": "y" * 2000}) + "\n"
+                                                  for i in range(100)))
+    need = space.generate_needs(str(work))
+    assert 900 * 2000 < need < 900 * 2100
+    assert space.is_disk_full(OSError(28, "No space left on device"))
+    assert space.is_disk_full(OSError("Error writing bytes to file. Detail: [errno 28] No space left on device"))
+    assert not space.is_disk_full(OSError(13, "Permission denied"))
+    msg = space.message("generate", str(work), need)
+    assert str(work) in msg and "MiB" in msg
