@@ -17,6 +17,7 @@ recorded (tests/lab/trainer/signal_audit.py): no decoy may ever be signalled.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import sys
@@ -27,12 +28,16 @@ def _signal_audit() -> object | None:
     """The lab's signal audit (tests/lab/trainer/signal_audit.py, in /opt/lab/trainer) when its unit asks for it."""
     if not os.environ.get("GPUOPS_LAB_SIGNAL_AUDIT"):
         return None
-    sys.path.insert(0, "/opt/lab/trainer")
-    try:
-        from signal_audit import SignalAudit
-    except ImportError:
+    # loaded by path: this decoy stands alone (next to it in the tree, or the lab's /opt/lab/trainer)
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = [path for path in (os.path.join(here, "..", "trainer", "signal_audit.py"), "/opt/lab/trainer/signal_audit.py")
+             if os.path.isfile(path)]
+    if not found:
         return None
-    return SignalAudit("networkd-dispatcher")
+    spec = importlib.util.spec_from_file_location("signal_audit", found[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SignalAudit("networkd-dispatcher")
 
 
 def main() -> int:

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import select
@@ -69,8 +70,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from signal_audit import SignalAudit  # noqa: E402  (next to this file, in tree and in /opt/lab/trainer)
+from signal_audit import SignalAudit  # next to this file (a script's own directory is on its path)
 
 BEHAVIOURS = ("graceful", "slow_checkpoint", "stubborn", "orphans", "respawn")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -205,13 +205,14 @@ def say(who: str, text: str) -> None:
 
 def hold_gpu(rank: int, mib: int) -> object:
     """Hold fake GPU ``rank`` for the life of this process (see tests/lab/fakegpu/)."""
-    for candidate in (os.path.join(HERE, "..", "fakegpu"), "/opt/lab/fakegpu"):
-        if os.path.isfile(os.path.join(candidate, "fakegpu.py")):
-            sys.path.insert(0, os.path.abspath(candidate))
-            break
-    import fakegpu  # noqa: E402  (found next to the trainer, in tree or in the lab)
-
-    return fakegpu.hold(rank, mib)
+    # loaded by path: found next to the trainer, in the tree or in the lab's /opt/lab
+    for candidate in (os.path.join(HERE, "..", "fakegpu", "fakegpu.py"), "/opt/lab/fakegpu/fakegpu.py"):
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("fakegpu", candidate)
+            fakegpu = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(fakegpu)
+            return fakegpu.hold(rank, mib)
+    raise SystemExit("fake_trainer: no fakegpu.py next to the trainer or in /opt/lab/fakegpu")
 
 
 def worker(args: argparse.Namespace) -> int:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
+from signal_audit import ENV, read_audit
+from trainer_harness import PYTHON, Trainer, alive, wait_for
 
-LAB = os.path.join(os.path.dirname(__file__), "..", "..", "lab")
-sys.path.insert(0, os.path.join(LAB, "trainer"))
-from signal_audit import ENV, read_audit  # noqa: E402
-from trainer_harness import PYTHON, Trainer, alive, wait_for  # noqa: E402
+from tests.support.paths import LAB_DIR
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,10 +60,8 @@ def test_graceful_worker_stops_after_its_record(tmp_path, audit_env):
 
 
 def test_decoy_records_sighup_ignored_and_sigterm_ends_it(tmp_path, audit_env):
-    script = os.path.join(LAB, "decoys", "networkd-dispatcher.py")
-    env = dict(os.environ)
-    # the decoy finds the audit module in /opt/lab/trainer in the lab; here, next to the source
-    env["PYTHONPATH"] = os.path.join(LAB, "trainer")
+    script = str(LAB_DIR / "decoys" / "networkd-dispatcher.py")
+    env = dict(os.environ)  # the decoy finds the audit module next to its source (in the lab: /opt/lab/trainer)
     proc = subprocess.Popen([PYTHON, script, "--run-startup-triggers"], env=env, start_new_session=True)
     try:
         wait_for(lambda: proc.pid in by_pid(audit_env), 10, what="decoy up")
