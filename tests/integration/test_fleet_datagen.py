@@ -61,9 +61,10 @@ def in_ct(lab: dict, vmid: str, *argv: str, check: bool = True) -> subprocess.Co
     return done
 
 
-def http(url: str, key: str | None = None) -> tuple[int, str]:
-    """(status, body) of a GET; the lab's containers share this machine's network, so their loopback is ours."""
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+def http(url: str, key: str | None = None, body: dict | None = None) -> tuple[int, str]:
+    """(status, body) of a GET (a POST with ``body``); the lab's containers share this machine's network."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body else None, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=20) as resp:
             return resp.status, resp.read().decode()
@@ -176,11 +177,18 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
     assert sorted(ids) == sorted(prompts), (len(ids), len(set(ids)))
     assert sum(per_node.values()) >= 100
     assert in_ct(fleet, "210", "test", "-e", f"{WORK}/generated.jsonl", check=False).returncode != 0
-    # every worker port and the router refuse a request without the key (401, as SGLang's auth.py), take it with it
-    for url in NODE_WORKERS["200"][:1] + NODE_WORKERS["210"] + [ROUTER]:
+    # every worker port refuses a request without the key (401, as SGLang's auth.py) and takes it with it;
+    # the router (sglang-router 0.3.2) refuses chat and its worker list without it (its /v1/models stays open)
+    chat = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for url in NODE_WORKERS["200"] + NODE_WORKERS["210"]:
         assert http(url + "/v1/models")[0] == 401, url
+        assert http(url + "/v1/chat/completions", None, chat)[0] == 401, url
         assert http(url + "/v1/models", "wrong")[0] == 401, url
         assert http(url + "/v1/models", key)[0] == 200, url
+    assert http(ROUTER + "/v1/chat/completions", None, chat)[0] == 401
+    assert http(ROUTER + "/v1/chat/completions", "wrong", chat)[0] == 401
+    assert http(ROUTER + "/workers")[0] == 401
+    assert http(ROUTER + "/v1/chat/completions", key, chat)[0] == 200
     # the key is in no log, unit file or summary: the play's output, both nodes' journals and units
     assert key not in out
     for vmid in ("200", "210"):
