@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -93,6 +94,60 @@ MAIN_CT = "200"
 SUDO_USER = "pveops"
 NOSUDO_USER = "pvenosudo"
 LAB_USERS = (SUDO_USER, NOSUDO_USER)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabNode:
+    """One PVE host of the lab: its sshd, its pct view (nodes/<name>/lxc), its GPU container and fake GPUs.
+
+    Node 1 is the lab as it always was (the paths above). Node 2 (`lab up --nodes 2`, or
+    GPUOPS_LAB_NODES=2) is a second PVE host: another sshd on loopback (port + 1) in its own
+    mount namespace, whose /usr/sbin/pct sees only CT210 and whose nvidia-smi shows its own 8
+    fake GPUs, bind-mounted into CT210 at the same path as node 1's into CT200.
+    """
+
+    index: int
+    name: str  # the PVE node name (pct's 'nodes/<node>/lxc/<vmid>.conf')
+    inventory_host: str  # its name in inventories/lab and inventories/lab-fleet
+    port: int
+    containers: dict
+    main_ct: str
+    base: str  # where its state lives
+    pve_conf_dir: str
+    fakegpu_dir: str
+    ns_dir: str
+    supervisor_file: str
+    sshd_config: str
+    hostkey: str
+
+    @property
+    def pct_env(self) -> dict[str, str]:
+        """What this host's pct wrapper sets (pct.py drops it before entering a container): node 1, the defaults."""
+        if self.index == 1:
+            return {}
+        return {"GPUOPS_LAB_PVE_CONF_DIR": self.pve_conf_dir, "GPUOPS_LAB_PVE_NODE": self.name}
+
+    @property
+    def smi_env(self) -> dict[str, str]:
+        """What this host's nvidia-smi wrapper sets: its own fake GPUs (never given to pct: exec keeps the env)."""
+        return {} if self.index == 1 else {"FAKEGPU_DIR": self.fakegpu_dir}
+
+
+NODE2_DIR = os.path.join(LAB_DIR, "node2")
+NODES = {
+    1: LabNode(1, NODE, "lab-pve", PORT, dict(CONTAINERS), MAIN_CT, LAB_DIR, PVE_CONF_DIR, FAKEGPU_DIR, NS_DIR,
+               SUPERVISOR_FILE, SSHD_CONFIG, os.path.join(SSH_DIR, "ssh_host_ed25519_key")),
+    2: LabNode(2, NODE + "-2", "lab-pve2", int(os.environ.get("GPUOPS_LAB_PORT2", str(PORT + 1))), {"210": "ct210"},
+               "210", NODE2_DIR, os.path.join(NODE2_DIR, "pve", "lxc"), os.path.join(NODE2_DIR, "fakegpu"),
+               os.path.join(NODE2_DIR, "ns"), os.path.join(NODE2_DIR, "supervisor.json"),
+               os.path.join(NODE2_DIR, "sshd_config"), os.path.join(SSH_DIR, "ssh_host_ed25519_key-node2")),
+}
+ALL_CONTAINERS = {vmid: host for node in NODES.values() for vmid, host in node.containers.items()}
+GPU_CTS = tuple(node.main_ct for node in NODES.values())
+
+
+def node_of(vmid: str) -> LabNode:
+    return next(node for node in NODES.values() if vmid in node.containers)
 
 SUITE = "bookworm"
 VARIANT = "minbase"
@@ -403,7 +458,7 @@ def ct_exec(vmid: str, argv: list[str], timeout: float = 60, check: bool = True,
     return run(cmd + ["--", *argv], timeout=timeout, check=check)
 
 
-def lxc_config(vmid: str, hostname: str) -> str:
+def lxc_config(vmid: str, hostname: str, fakegpu_dir: str = FAKEGPU_DIR) -> str:
     cdir = os.path.join(LXCPATH, vmid)
     lines = [
         "# gpuops lab container %s, written by tests/lab/lab (rewritten on every up)" % vmid,
@@ -417,17 +472,17 @@ def lxc_config(vmid: str, hostname: str) -> str:
         "lxc.init.cmd = /lib/systemd/systemd",
         "lxc.log.file = %s" % os.path.join(cdir, "lxc.log"),
         "lxc.log.level = WARN",
-        "lxc.mount.entry = %s %s none bind,create=dir 0 0" % (FAKEGPU_DIR, CT_FAKEGPU_DIR.lstrip("/")),
+        "lxc.mount.entry = %s %s none bind,create=dir 0 0" % (fakegpu_dir, CT_FAKEGPU_DIR.lstrip("/")),
     ]
     for name in ["nvidia%d" % i for i in range(GPU_COUNT)] + ["nvidiactl"]:
         lines.append("lxc.mount.entry = %s dev/%s none bind,create=file 0 0" % (
-            os.path.join(FAKEGPU_DIR, "dev", name), name))
+            os.path.join(fakegpu_dir, "dev", name), name))
     return "\n".join(lines) + "\n"
 
 
 def pve_config(vmid: str, hostname: str) -> str:
     """What /etc/pve/nodes/<node>/lxc/<vmid>.conf of a GPU node looks like (read by tests/lab/pct)."""
-    big = vmid == MAIN_CT
+    big = vmid in GPU_CTS
     lines = [
         "arch: amd64",
         "cores: %d" % (32 if big else 4),
@@ -536,7 +591,7 @@ def sync_lab_files(rootfs: str) -> None:
                 os.unlink(os.path.join(dest_top, rel))
 
 
-def ensure_container(vmid: str, hostname: str, cache: str) -> None:
+def ensure_container(vmid: str, hostname: str, cache: str, node: LabNode = NODES[1]) -> None:
     cdir = os.path.join(LXCPATH, vmid)
     rootfs = os.path.join(cdir, "rootfs")
     done = os.path.join(cdir, ".created")
@@ -555,8 +610,9 @@ def ensure_container(vmid: str, hostname: str, cache: str) -> None:
             handle.write(os.path.basename(cache) + "\n")
     else:
         customize_rootfs(rootfs, hostname)
-    write_if_changed(os.path.join(cdir, "config"), lxc_config(vmid, hostname))
-    write_if_changed(os.path.join(PVE_CONF_DIR, "%s.conf" % vmid), pve_config(vmid, hostname))
+    write_if_changed(os.path.join(cdir, "config"), lxc_config(vmid, hostname, node.fakegpu_dir))
+    os.makedirs(node.pve_conf_dir, mode=0o755, exist_ok=True)
+    write_if_changed(os.path.join(node.pve_conf_dir, "%s.conf" % vmid), pve_config(vmid, hostname))
 
 
 def wait_booted(vmid: str, timeout: float = 120) -> str:
@@ -574,27 +630,31 @@ def wait_booted(vmid: str, timeout: float = 120) -> str:
 
 # ---------------------------------------------------------------- the PVE host (sshd)
 
-def ensure_ssh_files() -> None:
+def ensure_ssh_files(node: LabNode = NODES[1]) -> None:
     os.makedirs(SSH_DIR, mode=0o755, exist_ok=True)
     os.chmod(SSH_DIR, 0o755)
-    hostkey = os.path.join(SSH_DIR, "ssh_host_ed25519_key")
+    hostkey = node.hostkey
     if not os.path.exists(hostkey):
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuops-lab-host", "-f", hostkey])
     if not os.path.exists(KEY):
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuops-lab-client", "-f", KEY])
     with open(KEY + ".pub", encoding="ascii") as handle:
         client_pub = handle.read().strip()
-    with open(hostkey + ".pub", encoding="ascii") as handle:
-        host_pub = " ".join(handle.read().split()[:2])
     write_if_changed(os.path.join(SSH_DIR, "authorized_keys"), client_pub + "\n")
-    names = ["[%s]:%d" % (HOST, PORT), "[localhost]:%d" % PORT]
-    write_if_changed(KNOWN_HOSTS, "".join("%s %s\n" % (name, host_pub) for name in names))
+    # every lab host whose key exists: a one-node 'up' keeps a second host reachable
+    known = []
+    for each in NODES.values():
+        if os.path.exists(each.hostkey + ".pub"):
+            with open(each.hostkey + ".pub", encoding="ascii") as handle:
+                host_pub = " ".join(handle.read().split()[:2])
+            known += ["[%s]:%d %s\n" % (name, each.port, host_pub) for name in (HOST, "localhost")]
+    write_if_changed(KNOWN_HOSTS, "".join(known))
     config = "\n".join([
-        "# gpuops lab: the fake Proxmox VE host (written by tests/lab/lab)",
-        "Port %d" % PORT,
+        "# gpuops lab: the fake Proxmox VE host %s (written by tests/lab/lab)" % node.name,
+        "Port %d" % node.port,
         "ListenAddress %s" % HOST,
         "HostKey %s" % hostkey,
-        "PidFile %s" % os.path.join(SSH_DIR, "sshd.pid"),
+        "PidFile %s" % os.path.join(SSH_DIR, "sshd.pid" if node.index == 1 else "sshd-node%d.pid" % node.index),
         "AuthorizedKeysFile %s" % os.path.join(SSH_DIR, "authorized_keys"),
         "PermitRootLogin prohibit-password",
         "PubkeyAuthentication yes",
@@ -614,11 +674,11 @@ def ensure_ssh_files() -> None:
     if LAB_DIR != DEFAULT_LAB_DIR:
         config += "\nSetEnv GPUOPS_LAB_DIR=%s" % LAB_DIR  # tests/lab/pct finds a non-default lab dir
     config += "\n"
-    write_if_changed(SSHD_CONFIG, config)
+    write_if_changed(node.sshd_config, config)
     # sshd's privilege separation dir: Debian's init creates it at boot, a fresh
     # machine without a booted sshd has none, and `sshd -t` already needs it.
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
-    run(["/usr/sbin/sshd", "-t", "-f", SSHD_CONFIG])
+    run(["/usr/sbin/sshd", "-t", "-f", node.sshd_config])
 
 
 def ensure_users(state: dict) -> None:
@@ -653,31 +713,41 @@ def ensure_users(state: dict) -> None:
     os.replace(tmp, SUDOERS)
 
 
-def ssh_argv(user: str, argv: list[str], timeout: int = 15) -> list[str]:
+def ssh_argv(user: str, argv: list[str], timeout: int = 15, port: int = PORT) -> list[str]:
     return ["ssh", "-F", "/dev/null", "-i", KEY, "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
             "-o", "UserKnownHostsFile=%s" % KNOWN_HOSTS, "-o", "StrictHostKeyChecking=yes",
-            "-o", "ConnectTimeout=%d" % timeout, "-p", str(PORT), "%s@%s" % (user, HOST), "--", shlex.join(argv)]
+            "-o", "ConnectTimeout=%d" % timeout, "-p", str(port), "%s@%s" % (user, HOST), "--", shlex.join(argv)]
+
+
+def wrapper_env(node: LabNode) -> dict:
+    """What the host's tool wrappers set (recorded: a supervisor started with other wrappers is restarted)."""
+    out = {}
+    if node.pct_env:
+        out["pct"] = node.pct_env
+    if node.smi_env:
+        out["nvidia-smi"] = node.smi_env
+    return out
 
 
 def supervisor_alive(sup: dict) -> bool:
     return ref_alive(sup.get("supervisor")) and ref_alive(sup.get("sshd"))
 
 
-def port_open() -> bool:
+def port_open(port: int = PORT) -> bool:
     try:
-        with socket.create_connection((HOST, PORT), timeout=2) as conn:
+        with socket.create_connection((HOST, port), timeout=2) as conn:
             conn.settimeout(2)
             return conn.recv(8).startswith(b"SSH-")
     except OSError:
         return False
 
 
-def ensure_supervisor() -> dict:
-    sup = load_json(SUPERVISOR_FILE)
+def ensure_supervisor(node: LabNode = NODES[1]) -> dict:
+    sup = load_json(node.supervisor_file)
     # The lab host's pct and nvidia-smi are this checkout's files: a lab brought up
     # from another checkout (an older clone, CI's fresh one) must not keep serving its code.
-    same_checkout = sup.get("checkout") == HERE
-    if supervisor_alive(sup) and port_open() and same_checkout:
+    same_checkout = sup.get("checkout") == HERE and sup.get("wrapper_env", {}) == wrapper_env(node)
+    if supervisor_alive(sup) and port_open(node.port) and same_checkout:
         return sup
     if ref_alive(sup.get("supervisor")):
         if same_checkout:
@@ -685,32 +755,34 @@ def ensure_supervisor() -> dict:
         else:
             log("the lab host serves %s's tools: restarting it from %s" % (sup.get("checkout") or "another checkout", HERE))
         stop_supervisor(sup)
-    if port_open():
-        raise LabError("%s:%d is taken by a process the lab did not start; free it or set GPUOPS_LAB_PORT" % (
-            HOST, PORT))
-    os.makedirs(NS_DIR, exist_ok=True)
-    logf = open(os.path.join(LAB_DIR, "supervisor.log"), "ab")
+    if port_open(node.port):
+        raise LabError("%s:%d is taken by a process the lab did not start; free it or set %s" % (
+            HOST, node.port, "GPUOPS_LAB_PORT" if node.index == 1 else "GPUOPS_LAB_PORT%d" % node.index))
+    os.makedirs(node.ns_dir, exist_ok=True)
+    logf = open(os.path.join(node.base, "supervisor.log"), "ab")
     try:
-        os.unlink(SUPERVISOR_FILE)
+        os.unlink(node.supervisor_file)
     except FileNotFoundError:
         pass
     proc = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, os.path.realpath(__file__), "_supervise"],
+        ["unshare", "--mount", "--propagation", "private", sys.executable, os.path.realpath(__file__), "_supervise",
+         "--node", str(node.index)],
         stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True, close_fds=True,
         env=dict(os.environ, GPUOPS_LAB_DIR=LAB_DIR, GPUOPS_LAB_PORT=str(PORT),
                  GPUOPS_LAB_HOST_MNTNS=os.readlink("/proc/self/ns/mnt")))
     logf.close()
     deadline = Deadline(30)
     while not deadline.expired():
-        sup = load_json(SUPERVISOR_FILE)
-        if sup.get("ready") and port_open():
+        sup = load_json(node.supervisor_file)
+        if sup.get("ready") and port_open(node.port):
             break
         if proc.poll() is not None:
             raise LabError("the lab supervisor exited (rc %s); see %s" % (
-                proc.returncode, os.path.join(LAB_DIR, "supervisor.log")))
+                proc.returncode, os.path.join(node.base, "supervisor.log")))
         time.sleep(0.1)
     else:
-        raise LabError("sshd did not come up on %s:%d within 30s; see %s/supervisor.log" % (HOST, PORT, LAB_DIR))
+        raise LabError("sshd did not come up on %s:%d within 30s; see %s/supervisor.log" % (
+            HOST, node.port, node.base))
     return sup
 
 
@@ -745,7 +817,8 @@ class _Stop(Exception):
     pass
 
 
-def _overlay_file(target_dir: str, name: str, source: str, tag: str) -> None:
+def _overlay_file(target_dir: str, name: str, source: str, tag: str, ns_dir: str = NS_DIR,
+                  env: dict[str, str] | None = None) -> None:
     """Show source at target_dir/name in this mount namespace only; nothing is written to target_dir.
 
     An overlay whose upper layer holds a two-line wrapper that execs the
@@ -754,16 +827,19 @@ def _overlay_file(target_dir: str, name: str, source: str, tag: str) -> None:
     target_dir/name is a regular file like the real one. A symlink would not do:
     a checkout under a 0700 directory (mktemp -d) makes it dangle for a non-root
     login such as pveops, which then sees no pct before sudo runs it as root.
+    The wrapper sets ``env`` itself (after sudo has cleaned the environment): a
+    second lab host's pct then reads its own container configs.
     """
-    upper = os.path.join(NS_DIR, tag + ".upper")
-    work = os.path.join(NS_DIR, tag + ".work")
+    upper = os.path.join(ns_dir, tag + ".upper")
+    work = os.path.join(ns_dir, tag + ".work")
     for path in (upper, work):
         if os.path.exists(path):
             shutil.rmtree(path)
         os.makedirs(path)
     wrapper = os.path.join(upper, name)
     with open(wrapper, "w", encoding="utf-8") as f:
-        f.write("#!/bin/sh\nexec %s \"$@\"\n" % shlex.quote(source))
+        prefix = "/usr/bin/env %s " % " ".join(shlex.quote("%s=%s" % kv) for kv in sorted(env.items())) if env else ""
+        f.write("#!/bin/sh\nexec %s%s \"$@\"\n" % (prefix, shlex.quote(source)))
     os.chmod(wrapper, 0o755)
     run(["mount", "-t", "overlay", "overlay", "-o",
          "lowerdir=%s,upperdir=%s,workdir=%s" % (target_dir, upper, work), target_dir])
@@ -774,18 +850,18 @@ def _is_lxc_monitor(pid: int) -> bool:
     return bool(info and info.cmdline and info.cmdline[0].startswith("[lxc monitor]"))
 
 
-def supervise() -> int:
-    """PID 'init' of the lab host: owns the mount namespace, reaps orphans, runs sshd and the GPU driver."""
+def supervise(node: LabNode = NODES[1]) -> int:
+    """PID 'init' of a lab host: owns the mount namespace, reaps orphans, runs sshd and the GPU driver."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     my_ns = os.readlink("/proc/self/ns/mnt")
     if my_ns == os.environ.get("GPUOPS_LAB_HOST_MNTNS"):
         log("supervise: not in a private mount namespace; refusing to touch /usr")
         return 2
-    _overlay_file("/usr/sbin", "pct", os.path.join(HERE, "pct"), "usr-sbin")
+    _overlay_file("/usr/sbin", "pct", os.path.join(HERE, "pct"), "usr-sbin", node.ns_dir, node.pct_env)
     smi = os.path.join(HERE, "fakegpu", "nvidia-smi")
     if os.path.exists(smi):
-        _overlay_file("/usr/bin", "nvidia-smi", smi, "usr-bin")
+        _overlay_file("/usr/bin", "nvidia-smi", smi, "usr-bin", node.ns_dir, node.smi_env)
 
     def on_signal(*_):
         raise _Stop()
@@ -795,23 +871,24 @@ def supervise() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def start_sshd() -> subprocess.Popen:
-        logf = open(os.path.join(LAB_DIR, "sshd.log"), "ab")
-        proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", SSHD_CONFIG], stdin=subprocess.DEVNULL,
+        logf = open(os.path.join(node.base, "sshd.log"), "ab")
+        proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", node.sshd_config], stdin=subprocess.DEVNULL,
                                 stdout=logf, stderr=logf, close_fds=True)
         logf.close()
         return proc
 
     def start_driver() -> subprocess.Popen | None:
         lib = os.path.join(HERE, "fakegpu", "fakegpu.py")
-        if not os.path.exists(lib) or not os.path.exists(os.path.join(FAKEGPU_DIR, "config.json")):
+        if not os.path.exists(lib) or not os.path.exists(os.path.join(node.fakegpu_dir, "config.json")):
             return None
-        logf = open(os.path.join(FAKEGPU_DIR, "driver.log"), "ab")
+        logf = open(os.path.join(node.fakegpu_dir, "driver.log"), "ab")
         proc = subprocess.Popen([sys.executable, lib, "driver"], stdin=subprocess.DEVNULL, stdout=logf,
-                                stderr=logf, close_fds=True, env=dict(os.environ, FAKEGPU_DIR=FAKEGPU_DIR))
+                                stderr=logf, close_fds=True, env=dict(os.environ, FAKEGPU_DIR=node.fakegpu_dir))
         logf.close()
         return proc
 
-    info: dict = {"supervisor": proc_ref(os.getpid()), "mntns": my_ns, "checkout": HERE}
+    info: dict = {"supervisor": proc_ref(os.getpid()), "mntns": my_ns, "checkout": HERE,
+                  "wrapper_env": wrapper_env(node)}
     sshd = driver = None
     restarts: list[float] = []
     try:
@@ -820,7 +897,7 @@ def supervise() -> int:
         info["sshd"] = proc_ref(sshd.pid)
         info["driver"] = proc_ref(driver.pid) if driver else None
         info["ready"] = True
-        atomic_write(SUPERVISOR_FILE, json.dumps(info, indent=1) + "\n")
+        atomic_write(node.supervisor_file, json.dumps(info, indent=1) + "\n")
         while True:
             try:
                 pid = os.waitpid(-1, 0)[0]  # reaps sshd sessions' orphans and lxc monitors too
@@ -835,11 +912,11 @@ def supervise() -> int:
                     break
                 sshd = start_sshd()
                 info["sshd"] = proc_ref(sshd.pid)
-                atomic_write(SUPERVISOR_FILE, json.dumps(info, indent=1) + "\n")
+                atomic_write(node.supervisor_file, json.dumps(info, indent=1) + "\n")
             elif driver is not None and pid == driver.pid:
                 driver = None
                 info["driver"] = None
-                atomic_write(SUPERVISOR_FILE, json.dumps(info, indent=1) + "\n")
+                atomic_write(node.supervisor_file, json.dumps(info, indent=1) + "\n")
     except _Stop:
         pass
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -866,7 +943,7 @@ def supervise() -> int:
         time.sleep(0.1)
     reap_children_nohang()
     try:
-        os.unlink(SUPERVISOR_FILE)
+        os.unlink(node.supervisor_file)
     except FileNotFoundError:
         pass
     return 0
@@ -874,12 +951,12 @@ def supervise() -> int:
 
 # ---------------------------------------------------------------- fake GPUs
 
-def ensure_fakegpu() -> None:
+def ensure_fakegpu(fakegpu_dir: str = FAKEGPU_DIR) -> None:
     lib = os.path.join(HERE, "fakegpu", "fakegpu.py")
-    if not os.path.exists(os.path.join(FAKEGPU_DIR, "config.json")):
-        run([sys.executable, lib, "--dir", FAKEGPU_DIR, "init", "--count", str(GPU_COUNT)])
+    if not os.path.exists(os.path.join(fakegpu_dir, "config.json")):
+        run([sys.executable, lib, "--dir", fakegpu_dir, "init", "--count", str(GPU_COUNT)])
     # A state dir that exists keeps its config (tests change it); the bind mounts need every device file.
-    _load_file(lib, "gpuops_lab_fakegpu").ensure_devices(FAKEGPU_DIR, GPU_COUNT)
+    _load_file(lib, "gpuops_lab_fakegpu").ensure_devices(fakegpu_dir, GPU_COUNT)
 
 
 # ---------------------------------------------------------------- the trainer and decoys
@@ -968,19 +1045,25 @@ def trainer_refs(rec: dict) -> list[dict]:
     return [r for r in refs if r and r.get("pid")]
 
 
-def stop_trainer(state: dict) -> None:
-    rec = state.get("trainer", {}).get("pids") or {}
+def trainer_slot(state: dict, vmid: str) -> dict:
+    """Where a GPU container's trainer is recorded: CT200's at the top of the state (as always), others under ctVMID."""
+    return state if vmid == MAIN_CT else state.setdefault("ct" + vmid, {})
+
+
+def stop_trainer(state: dict, vmid: str = MAIN_CT) -> None:
+    slot = trainer_slot(state, vmid)
+    rec = slot.get("trainer", {}).get("pids") or {}
     left = kill_refs(trainer_refs(rec))
     if left:
         raise LabError("trainer processes survived SIGKILL: %s" % left)
-    if ct_state(MAIN_CT) == "running" and has_session(MAIN_CT, TRAINER_SESSION):
-        tmux(MAIN_CT, "kill-session", "-t", "=" + TRAINER_SESSION, check=False)
-    state.setdefault("trainer", {})["pids"] = {}
+    if ct_state(vmid) == "running" and has_session(vmid, TRAINER_SESSION):
+        tmux(vmid, "kill-session", "-t", "=" + TRAINER_SESSION, check=False)
+    slot.setdefault("trainer", {})["pids"] = {}
 
 
-def new_trainer_session() -> None:
+def new_trainer_session(vmid: str = MAIN_CT) -> None:
     # the pane's shell (and so the trainer typed into it) gets the signal audit's directory
-    tmux(MAIN_CT, "new-session", "-d", "-s", TRAINER_SESSION, "-x", "200", "-y", "50", "-c",
+    tmux(vmid, "new-session", "-d", "-s", TRAINER_SESSION, "-x", "200", "-y", "50", "-c",
          os.path.dirname(TRAINER_CKPT), "-e", "GPUOPS_LAB_SIGNAL_AUDIT=" + CT_SIGNAL_AUDIT)
 
 
@@ -1076,51 +1159,52 @@ def trainer_command(behaviour: str) -> str:
                        "--ckpt-dir", TRAINER_CKPT])
 
 
-def start_trainer(state: dict, behaviour: str, timeout: float = 60) -> None:
+def start_trainer(state: dict, behaviour: str, timeout: float = 60, vmid: str = MAIN_CT) -> None:
     if behaviour not in BEHAVIOURS:
         raise LabError("unknown behaviour %r; pick one of %s" % (behaviour, ", ".join(BEHAVIOURS)))
-    rootfs = os.path.join(LXCPATH, MAIN_CT, "rootfs")
+    slot = trainer_slot(state, vmid)
+    rootfs = os.path.join(LXCPATH, vmid, "rootfs")
     script = TORCHRUN_SCRIPT if behaviour == TORCHRUN else TRAINER_SCRIPT
     if not os.path.exists(os.path.join(rootfs, script.lstrip("/"))):
         raise LabError("no %s in CT%s: tests/lab/%s is missing" % (
-            script, MAIN_CT, os.path.relpath(script, CT_LAB)))
-    stop_trainer(state)
+            script, vmid, os.path.relpath(script, CT_LAB)))
+    stop_trainer(state, vmid)
     if behaviour == TORCHRUN:
-        ct_torch_venv(MAIN_CT)
-    if behaviour == TORCHRUN or state.get("tmux_server") == TORCHRUN:
+        ct_torch_venv(vmid)
+    if behaviour == TORCHRUN or slot.get("tmux_server") == TORCHRUN:
         # torchrun: the job's session must start the server (which then keeps its command line), as on
         # the incident's node. Any other behaviour: back to the baseline server that 'up' starts. Only
         # the lab's own server in CT200 ends here; the decoy sessions are recreated on the new one.
-        tmux(MAIN_CT, "kill-server", check=False)
-        state.pop("tmux_server", None)
+        tmux(vmid, "kill-server", check=False)
+        slot.pop("tmux_server", None)
     ckpt = TORCHRUN_CKPT if behaviour == TORCHRUN else TRAINER_CKPT
     os.makedirs(os.path.join(rootfs, ckpt.lstrip("/")), exist_ok=True)
     cmd = trainer_command(behaviour)
     if behaviour == TORCHRUN:
         timeout = max(timeout, 180)  # importing torch in two ranks on a busy 2-core machine
-        tmux(MAIN_CT, "new-session", "-d", "-s", TRAINER_SESSION, "-x", "200", "-y", "50", "-c",
+        tmux(vmid, "new-session", "-d", "-s", TRAINER_SESSION, "-x", "200", "-y", "50", "-c",
              os.path.dirname(TRAINER_CKPT), cmd)
-        state["tmux_server"] = TORCHRUN
+        slot["tmux_server"] = TORCHRUN
         step_re = TORCHRUN_STEP_RE
     else:
         # A shell in the pane and the command typed into it, as the operator did; Ctrl-C then
         # reaches the launcher through the terminal, and the shell stays when training ends.
-        new_trainer_session()
-        tmux(MAIN_CT, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "-l", cmd)
-        tmux(MAIN_CT, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "Enter")
+        new_trainer_session(vmid)
+        tmux(vmid, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "-l", cmd)
+        tmux(vmid, "send-keys", "-t", "=" + TRAINER_SESSION + ":", "Enter")
         step_re = STEP_RE
-    state["trainer"] = {"behaviour": behaviour, "command": cmd, "pids": {}, "started": time.time()}
+    slot["trainer"] = {"behaviour": behaviour, "command": cmd, "pids": {}, "started": time.time()}
     save_state(state)
     deadline = Deadline(timeout)
     pane = ""
     while not deadline.expired():
-        res = tmux(MAIN_CT, "capture-pane", "-p", "-t", "=" + TRAINER_SESSION + ":", "-S", "-200", check=False)
+        res = tmux(vmid, "capture-pane", "-p", "-t", "=" + TRAINER_SESSION + ":", "-S", "-200", check=False)
         pane = res.stdout.decode(errors="replace")
         if step_re.search(pane):
             break
-        if res.returncode != 0 and behaviour == TORCHRUN and not has_session(MAIN_CT, TRAINER_SESSION):
+        if res.returncode != 0 and behaviour == TORCHRUN and not has_session(vmid, TRAINER_SESSION):
             raise LabError("torchrun exited before its first step line (its pane closed); run it by hand in "
-                           "CT%s to see why: %s" % (MAIN_CT, cmd))
+                           "CT%s to see why: %s" % (vmid, cmd))
         time.sleep(0.2)
     else:
         raise LabError("no step lines in tmux session %s within %ss; pane shows:\n%s" % (
@@ -1133,23 +1217,23 @@ def start_trainer(state: dict, behaviour: str, timeout: float = 60) -> None:
         return len(rec.get("workers", [])) >= want and len(rec.get("loader_workers", [])) >= loaders
 
     deadline = Deadline(10)
-    rec = trainer_record(MAIN_CT, behaviour)
+    rec = trainer_record(vmid, behaviour)
     while not complete(rec) and not deadline.expired():
         time.sleep(0.2)
-        rec = trainer_record(MAIN_CT, behaviour)
-    state["trainer"]["pids"] = rec
+        rec = trainer_record(vmid, behaviour)
+    slot["trainer"]["pids"] = rec
     save_state(state)
 
 
-def trainer_intact(state: dict) -> bool:
+def trainer_intact(state: dict, vmid: str = MAIN_CT) -> bool:
     """The lab's trainer runs as started: pane process, launcher and every worker alive."""
-    rec = state.get("trainer", {}).get("pids") or {}
+    rec = trainer_slot(state, vmid).get("trainer", {}).get("pids") or {}
     refs = [rec.get("pane"), rec.get("launcher")] + list(rec.get("workers") or [])
     return bool(rec.get("workers")) and all(ref_alive(r) for r in refs)
 
 
-def trainer_running(state: dict) -> bool:
-    rec = state.get("trainer", {}).get("pids") or {}
+def trainer_running(state: dict, vmid: str = MAIN_CT) -> bool:
+    rec = trainer_slot(state, vmid).get("trainer", {}).get("pids") or {}
     return ref_alive(rec.get("launcher")) or any(ref_alive(w) for w in rec.get("workers") or [])
 
 
@@ -1188,29 +1272,65 @@ def cmd_up(args: argparse.Namespace) -> int:
         sup = ensure_supervisor()
         state["supervisor"] = sup
         save_state(state)
-        # the lab's own sanity check of the PVE host: root over ssh runs pct
-        if ct_state(MAIN_CT) != "running":
-            log("starting CT%s through the lab host's pct" % MAIN_CT)
-            run(ssh_argv("root", ["pct", "start", MAIN_CT]), timeout=90)
-        boot = wait_booted(MAIN_CT)
-        trainer_ok = trainer_intact(state) and has_session(MAIN_CT, TRAINER_SESSION)
-        # The dflash session first: the tmux server keeps the argv of the session that started
-        # it, and it should read like the operator's 'tmux new -s dflash', not like a decoy.
-        if not has_session(MAIN_CT, TRAINER_SESSION):
-            new_trainer_session()
-        ensure_decoys(MAIN_CT)
-        behaviour = args.behaviour or DEFAULT_BEHAVIOUR  # a restart returns to the baseline
-        if os.path.exists(os.path.join(HERE, "trainer", "fake_trainer.py")):
-            if args.behaviour or not trainer_ok:
-                log("starting the %s trainer in tmux session %s" % (behaviour, TRAINER_SESSION))
-                start_trainer(state, behaviour)
-                ensure_decoys(MAIN_CT)  # leaving the torchrun behaviour restarts the tmux server
-        else:
-            log("tests/lab/trainer/fake_trainer.py does not exist yet: no trainer started")
-        state["boot"] = boot
+        state["boot"] = ensure_gpu_node(state, NODES[1], args.behaviour)
         save_state(state)
+        if lab_nodes(args) >= 2:
+            ensure_second_node(state, cache, args.behaviour)
     print(json.dumps(status_dict(), indent=1, sort_keys=True))
     return 0
+
+
+def lab_nodes(args: argparse.Namespace) -> int:
+    """How many lab PVE hosts `up` brings up: --nodes, else GPUOPS_LAB_NODES, else 1 (the README's lab)."""
+    raw = args.nodes if getattr(args, "nodes", None) is not None else os.environ.get("GPUOPS_LAB_NODES", "1")
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if count not in (1, 2):
+        raise LabError("--nodes/GPUOPS_LAB_NODES must be 1 or 2, got %r" % raw)
+    return count
+
+
+def ensure_gpu_node(state: dict, node: LabNode, behaviour: str | None) -> str:
+    """The node's GPU container started through its own PVE host's pct, booted, its trainer and decoys running."""
+    vmid = node.main_ct
+    # the lab's own sanity check of the PVE host: root over ssh runs pct
+    if ct_state(vmid) != "running":
+        log("starting CT%s through the lab host %s's pct" % (vmid, node.name))
+        run(ssh_argv("root", ["pct", "start", vmid], port=node.port), timeout=90)
+    boot = wait_booted(vmid)
+    trainer_ok = trainer_intact(state, vmid) and has_session(vmid, TRAINER_SESSION)
+    # The dflash session first: the tmux server keeps the argv of the session that started
+    # it, and it should read like the operator's 'tmux new -s dflash', not like a decoy.
+    if not has_session(vmid, TRAINER_SESSION):
+        new_trainer_session(vmid)
+    ensure_decoys(vmid)
+    if os.path.exists(os.path.join(HERE, "trainer", "fake_trainer.py")):
+        if behaviour or not trainer_ok:
+            chosen = behaviour or DEFAULT_BEHAVIOUR  # a restart returns to the baseline
+            log("starting the %s trainer in CT%s's tmux session %s" % (chosen, vmid, TRAINER_SESSION))
+            start_trainer(state, chosen, vmid=vmid)
+            ensure_decoys(vmid)  # leaving the torchrun behaviour restarts the tmux server
+    else:
+        log("tests/lab/trainer/fake_trainer.py does not exist yet: no trainer started")
+    return boot
+
+
+def ensure_second_node(state: dict, cache: str, behaviour: str | None) -> None:
+    """The second PVE host: its sshd (port + 1, own mount namespace, own pct view), CT210, its 8 fake GPUs."""
+    node = NODES[2]
+    for path in (node.base, node.pve_conf_dir, node.ns_dir):
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    ensure_fakegpu(node.fakegpu_dir)
+    for vmid, hostname in node.containers.items():
+        ensure_container(vmid, hostname, cache, node)
+    ensure_ssh_files(node)  # known_hosts names every lab host's key
+    slot = state.setdefault("node2", {})
+    slot["supervisor"] = ensure_supervisor(node)
+    save_state(state)
+    slot["boot"] = ensure_gpu_node(state, node, behaviour)
+    save_state(state)
 
 
 def cmd_down(args: argparse.Namespace) -> int:
@@ -1223,30 +1343,21 @@ def cmd_down(args: argparse.Namespace) -> int:
             LAB_DIR, os.path.basename(MARKER)))
     with Lock():
         state = load_json(STATE_FILE)
-        for vmid in CONTAINERS:
+        for vmid in ALL_CONTAINERS:
             if ct_state(vmid) == "running":
                 log("stopping container %s" % vmid)
                 run(lxc("lxc-stop", vmid, "--kill"), timeout=60, check=False)
                 run(lxc("lxc-wait", vmid, "-s", "STOPPED", "-t", "30"), timeout=40, check=False)
-        sup = load_json(SUPERVISOR_FILE) or state.get("supervisor") or {}
-        log("stopping the lab host (sshd supervisor)")
-        stop_supervisor(sup)
-        log("supervisor stopped")
-        ns = sup.get("mntns")
-        if ns:
-            deadline = Deadline(15)
-            members = mntns_members(ns)
-            while members and not deadline.expired():
-                for pid in members:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                time.sleep(0.1)
-                members = mntns_members(ns)
-            if members:
-                raise LabError("processes %s still run in the lab's mount namespace" % members)
-        left = [vmid for vmid in CONTAINERS if ct_state(vmid) == "running"]
+        for node in NODES.values():
+            sup = load_json(node.supervisor_file) or (state if node.index == 1 else state.get("node2") or {}).get(
+                "supervisor") or {}
+            if not sup:
+                continue
+            log("stopping the lab host %s (sshd supervisor)" % node.name)
+            stop_supervisor(sup)
+            log("supervisor stopped")
+            end_mount_ns(sup.get("mntns"))
+        left = [vmid for vmid in ALL_CONTAINERS if ct_state(vmid) == "running"]
         if left:
             raise LabError("containers %s still running after lxc-stop --kill" % left)
         try:
@@ -1269,7 +1380,25 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def trainer_status(trainer: dict, rec: dict, running: bool) -> dict:
+def end_mount_ns(ns: str | None) -> None:
+    """SIGKILL whatever still runs in a lab host's mount namespace (only the lab enters it); bounded."""
+    if not ns:
+        return
+    deadline = Deadline(15)
+    members = mntns_members(ns)
+    while members and not deadline.expired():
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+        members = mntns_members(ns)
+    if members:
+        raise LabError("processes %s still run in the lab's mount namespace" % members)
+
+
+def trainer_status(trainer: dict, rec: dict, running: bool, vmid: str = MAIN_CT) -> dict:
     """The trainer's part of `status`. torchrun: no shell in the pane (the agent is the pane's process,
     `launcher`), `workers` are the ranks and `loader_workers` their DataLoader workers."""
     torchrun = trainer.get("behaviour") == TORCHRUN
@@ -1283,7 +1412,7 @@ def trainer_status(trainer: dict, rec: dict, running: bool) -> dict:
         return out
 
     status = {
-        "container": int(MAIN_CT),
+        "container": int(vmid),
         "tmux_session": TRAINER_SESSION,
         "behaviour": trainer.get("behaviour"),
         "command": trainer.get("command"),
@@ -1315,8 +1444,12 @@ def status_dict() -> dict:
         return ref.get("pid") if ref else None
 
     fake_cfg = load_json(os.path.join(FAKEGPU_DIR, "config.json"))
+    second = second_node_status(state)
     return {
         "up": bool(sshd_up and containers.get(MAIN_CT) == "running"),
+        # 2 while the second lab PVE host (`up --nodes 2`) is up; its facts are under node2
+        "nodes": 2 if second and second["up"] else 1,
+        "node2": second,
         "lab_dir": LAB_DIR,
         # up/down/trainer hold this flock; a test that must not see CT200's trainer restarted takes it too
         "lock_file": LOCK_FILE,
@@ -1371,6 +1504,46 @@ def status_dict() -> dict:
     }
 
 
+def second_node_status(state: dict) -> dict | None:
+    """The second lab PVE host's facts (the same keys as the top level's), or None when it was never brought up."""
+    node = NODES[2]
+    if not os.path.isdir(node.base):
+        return None
+    sup = load_json(node.supervisor_file)
+    containers = {vmid: ct_state(vmid) for vmid in node.containers}
+    sshd_up = supervisor_alive(sup)
+    slot = trainer_slot(state, node.main_ct)
+    trainer = slot.get("trainer", {})
+    fake_cfg = load_json(os.path.join(node.fakegpu_dir, "config.json"))
+    driver = sup.get("driver")
+    return {
+        "up": bool(sshd_up and containers.get(node.main_ct) == "running"),
+        "host": HOST,
+        "port": node.port,
+        "node": node.name,
+        "inventory_host": node.inventory_host,
+        "containers": containers,
+        "hostnames": dict(node.containers),
+        "pve_conf_dir": node.pve_conf_dir,
+        "sshd": {
+            "running": sshd_up,
+            "pid": (sup.get("sshd") or {}).get("pid"),
+            "supervisor_pid": (sup.get("supervisor") or {}).get("pid"),
+            "mount_ns": sup.get("mntns"),
+            "config": node.sshd_config,
+        },
+        "trainer": trainer_status(trainer, trainer.get("pids") or {}, trainer_running(state, node.main_ct),
+                                  node.main_ct),
+        "fakegpu": {
+            "dir": node.fakegpu_dir,
+            "container_dir": CT_FAKEGPU_DIR,
+            "count": fake_cfg.get("count", GPU_COUNT),
+            "initialised": bool(fake_cfg),
+            "driver_pid": driver.get("pid") if ref_alive(driver) else None,
+        },
+    }
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     print(json.dumps(status_dict(), indent=1, sort_keys=True))
     return 0
@@ -1378,15 +1551,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_trainer(args: argparse.Namespace) -> int:
     preflight()
+    vmid = args.ct
     with Lock():
-        if ct_state(MAIN_CT) != "running":
-            raise LabError("CT%s is not running: run 'tests/lab/lab up' first" % MAIN_CT)
+        if ct_state(vmid) != "running":
+            raise LabError("CT%s is not running: run 'tests/lab/lab up%s' first" % (
+                vmid, "" if vmid == MAIN_CT else " --nodes 2"))
         state = load_json(STATE_FILE)
-        wait_booted(MAIN_CT)  # e.g. right after a test's 'pct reboot 200'
-        sync_lab_files(os.path.join(LXCPATH, MAIN_CT, "rootfs"))
-        start_trainer(state, args.behaviour)
-        ensure_decoys(MAIN_CT)  # a container restart takes the decoy tmux sessions with it
-    print(json.dumps(status_dict()["trainer"], indent=1, sort_keys=True))
+        wait_booted(vmid)  # e.g. right after a test's 'pct reboot 200'
+        sync_lab_files(os.path.join(LXCPATH, vmid, "rootfs"))
+        start_trainer(state, args.behaviour, vmid=vmid)
+        ensure_decoys(vmid)  # a container restart takes the decoy tmux sessions with it
+    status = status_dict()
+    print(json.dumps(status["trainer"] if vmid == MAIN_CT else status["node2"]["trainer"], indent=1, sort_keys=True))
     return 0
 
 
@@ -1400,17 +1576,22 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="lab", description="The local CT200 lab (run as root).")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_up = sub.add_parser("up", help="build/start everything (idempotent); prints the status JSON")
-    p_up.add_argument("--behaviour", choices=BEHAVIOURS, help="(re)start the trainer with this behaviour")
+    p_up.add_argument("--behaviour", choices=BEHAVIOURS, help="(re)start the trainer(s) with this behaviour")
+    p_up.add_argument("--nodes", type=int, choices=(1, 2), default=None,
+                      help="2: also the second PVE host (port + 1) with CT210 and its own 8 fake GPUs "
+                           "(default $GPUOPS_LAB_NODES or 1; a one-node up leaves a second node as it is)")
     sub.add_parser("down", help="end everything the lab started and remove its state (keeps the rootfs cache)")
     sub.add_parser("status", help="print the lab's facts as JSON")
     p_tr = sub.add_parser("trainer", help="(re)start the dflash trainer with BEHAVIOUR and wait for step lines")
     p_tr.add_argument("behaviour", choices=BEHAVIOURS)
+    p_tr.add_argument("--ct", choices=GPU_CTS, default=MAIN_CT, help="the GPU container (210: the second node's)")
     sub.add_parser("torch-venv", help="build the containers' cached torch venv (else built on first 'trainer torchrun')")
-    sub.add_parser("_supervise", help=argparse.SUPPRESS)
+    p_sup = sub.add_parser("_supervise", help=argparse.SUPPRESS)
+    p_sup.add_argument("--node", type=int, choices=sorted(NODES), default=1)
     args = parser.parse_args(argv)
     try:
         if args.cmd == "_supervise":
-            return supervise()
+            return supervise(NODES[args.node])
         return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "trainer": cmd_trainer,
                 "torch-venv": cmd_torch_venv}[args.cmd](args)
     except LabError as exc:

@@ -32,8 +32,10 @@ import typing as t
 LAB_DIR = os.environ.get("GPUOPS_LAB_DIR", "/var/lib/gpuops-lab")
 LXCPATH = os.path.join(LAB_DIR, "lxc")
 # The lab's stand-in for /etc/pve/nodes/<node>/lxc: one Proxmox-style <vmid>.conf per CT.
-PVE_CONF_DIR = os.path.join(LAB_DIR, "pve", "lxc")
-NODE = socket.gethostname().split(".")[0]
+# A second lab PVE host (`lab up --nodes 2`) sets both through its /usr/sbin/pct wrapper, so
+# each host sees only its own containers, as each PVE node has its own nodes/<node>/lxc.
+PVE_CONF_DIR = os.environ.get("GPUOPS_LAB_PVE_CONF_DIR") or os.path.join(LAB_DIR, "pve", "lxc")
+NODE = os.environ.get("GPUOPS_LAB_PVE_NODE") or socket.gethostname().split(".")[0]
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"
 
 # Fault injection (lab only, off by default): while this file exists, `pct reboot`
@@ -252,6 +254,9 @@ def cmd_exec(params: dict, opts: dict) -> int:
     env = dict(os.environ)
     env.pop("SSL_CERT_FILE", None)
     env.pop("SSL_CERT_DIR", None)
+    # the lab's own wiring of a second PVE host (set by its pct wrapper), not part of a real host's environment
+    env.pop("GPUOPS_LAB_PVE_CONF_DIR", None)
+    env.pop("GPUOPS_LAB_PVE_NODE", None)
     env["PATH"] = "/sbin:/bin:/usr/sbin:/usr/bin"
     argv = lxc("lxc-attach", vmid, "--keep-env" if keep_env else "--clear-env", "--", *params["extra-args"])
     sys.stdout.flush()

@@ -27,12 +27,22 @@ import urllib.request
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 PROBE_TIMEOUT = 60.0  # SGLang's own health check waits up to 20 s for its one-token generation
+# Set from --api-key-file: sent as a bearer token on every request (workers and a router started with
+# --api-key refuse everything but /health*, /ready* and /metrics without it).
+HEADERS: Dict[str, str] = {"Content-Type": "application/json"}
+
+
+def read_api_key(path: str) -> str:
+    """The key from an environment file (``NAME=KEY``, the role's api-key.env) or a file holding only the key."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read().strip()
+    return text.split("=", 1)[1].strip() if "=" in text.splitlines()[0] else text
 
 
 def http(method: str, url: str, body: Optional[Dict[str, Any]], timeout: float) -> Tuple[int, str]:
     """(status, body text); status 0 with the reason when there is no HTTP answer at all."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method, headers=dict(HEADERS))
     try:
         with urllib.request.urlopen(req, timeout=max(1.0, timeout)) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
@@ -103,7 +113,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--router", help="the sglang-router URL whose worker list must hold every worker")
     ap.add_argument("--timeout", type=float, required=True, help="seconds to wait in all")
     ap.add_argument("--delay", type=float, default=5.0, help="seconds between rounds")
+    ap.add_argument("--api-key-file", help="send the API key in this file (NAME=KEY or the key alone) as a bearer token")
     args = ap.parse_args(argv)
+    if args.api_key_file:
+        HEADERS["Authorization"] = "Bearer " + read_api_key(args.api_key_file)
     if args.timeout < 0 or args.delay <= 0:
         ap.error("--timeout must be >= 0 and --delay > 0")
     out = gate([w.rstrip("/") for w in args.worker], args.router.rstrip("/") if args.router else None,

@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import signal
 import socket
 import sys
@@ -74,6 +75,22 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def auth_allowed(method: str, path: str, authorization: Optional[str], api_key: Optional[str]) -> bool:
+    """Whether a request passes ``--api-key``, as SGLang 0.5.23 decides it for its normal endpoints.
+
+    ``sglang/srt/utils/auth.py`` (``decide_request_auth``, installed by ``srt/entrypoints/http_server.py``
+    through ``add_api_key_middleware``): OPTIONS and paths starting with /health, /ready or /metrics are always
+    allowed (probes and Prometheus carry no secret); everything else needs ``Authorization: Bearer KEY``
+    (scheme case-insensitive, constant-time comparison) once a key is set; without a key all is allowed.
+    """
+    if method == "OPTIONS" or path.startswith(("/health", "/ready", "/metrics")):
+        return True
+    if not api_key:
+        return True
+    parts = (authorization or "").split(" ", 1)
+    return len(parts) == 2 and parts[0].lower() == "bearer" and secrets.compare_digest(parts[1], api_key)
 
 
 def _words(seed: int, n: int) -> str:
@@ -649,6 +666,7 @@ class StandIn:
             "# TYPE standin_ok_total counter", f"standin_ok_total {c['ok']}",
             "# TYPE standin_injected_503_total counter", f"standin_injected_503_total {c['injected_503']}",
             "# TYPE standin_dropped_total counter", f"standin_dropped_total {c['dropped']}",
+            "# TYPE standin_unauthorized_total counter", f"standin_unauthorized_total {c.get('unauthorized', 0)}",
             "# TYPE standin_requests_while_not_ready_total counter",
             f"standin_requests_while_not_ready_total {c.get('while_not_ready', 0)}",
             "# TYPE standin_health_generate_total counter",
@@ -658,8 +676,17 @@ class StandIn:
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
+    @web.middleware
+    async def _api_key(self, request: web.Request, handler):
+        """SGLang's answer to a request without the key: 401 ``{"error": "Unauthorized"}`` (auth.py's middleware)."""
+        if not auth_allowed(request.method, request.path, request.headers.get("Authorization"),
+                            self.a.api_key):
+            self.counters["unauthorized"] = self.counters.get("unauthorized", 0) + 1
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._api_key])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/v1/models", self.models)
@@ -714,6 +741,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--max-natural-tokens", type=int, default=64, help="longest natural answer in tokens")
     ap.add_argument("--context-length", type=int, default=32768)
     ap.add_argument("--record-requests", help="append every chat request body to this JSONL file")
+    ap.add_argument("--api-key", default=None,
+                    help="SGLang's flag: every endpoint but /health*, /ready*, /metrics needs 'Authorization: Bearer KEY'")
     ap.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default=None,
                     help="count prompt_tokens with this tokenizer's chat template (needs transformers)")
     ap.add_argument("--worker-urls", nargs="+", default=None, help=argparse.SUPPRESS)

@@ -1,0 +1,235 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""One generation job across two nodes, for real, against the two-node lab (``tests/lab/lab up --nodes 2``).
+
+``playbooks/repurpose_ct200.yml`` with ``inventories/lab-fleet``: both trainers stopped, both nodes' GPUs
+free, eight stand-in workers on each node (CT200's on 127.0.0.1, CT210's on 127.0.0.2: the lab's nodes share
+this machine's network), the REAL sglang-router and the one pipeline on CT200 only, an API key that every
+worker and the router require. The stand-ins' own counters (their /metrics) show which node served. Losing
+CT210's workers mid-run still finishes with every id once; a re-run brings them back. Skipped with the reason
+when the second node is not up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = ROOT / "tests" / "lab" / "lab"
+BIN = Path(sys.executable).parent
+PLAYBOOK = ROOT / "playbooks" / "repurpose_ct200.yml"
+INVENTORY = ROOT / "inventories" / "lab-fleet"
+LAB_VARS = ROOT / "inventories" / "lab" / "group_vars" / "training_containers.yml"
+WORK = "/srv/datagen/work"
+NODE_WORKERS = {
+    "200": [f"http://127.0.0.1:{31000 + i}" for i in range(8)],
+    "210": [f"http://127.0.0.2:{31000 + i}" for i in range(8)],
+}
+ROUTER = "http://127.0.0.1:30000"
+FAST = {"stop_training_ladder": [{"signal": "SIGINT", "via": "tmux", "timeout": 20}, {"signal": "SIGKILL", "timeout": 5}]}
+
+pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet, pytest.mark.timeout(1200)]
+
+
+def lab_status() -> dict:
+    res = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
+    try:
+        return json.loads(res.stdout)
+    except ValueError:
+        return {}
+
+
+def in_ct(lab: dict, vmid: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    """A command inside a container, straight through lxc-attach (the lab's own path, not the code under test)."""
+    done = subprocess.run(["lxc-attach", "-P", lab["lxcpath"], "-n", vmid, "--", *argv],
+                          capture_output=True, text=True, timeout=120, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"CT{vmid} {argv}: rc={done.returncode} {done.stderr}")
+    return done
+
+
+def http(url: str, key: str | None = None, body: dict | None = None) -> tuple[int, str]:
+    """(status, body) of a GET (a POST with ``body``); the lab's containers share this machine's network."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body else None, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def served(url: str) -> float:
+    """Chat requests this stand-in answered (its own counter, /metrics needs no key, as in SGLang)."""
+    status, text = http(url + "/metrics")
+    assert status == 200, (url, status)
+    return float(re.search(r"^standin_ok_total (\S+)$", text, re.M).group(1))
+
+
+def api_key(lab: dict) -> str:
+    return in_ct(lab, "200", "cat", "/opt/datagen/api-key").stdout.strip()
+
+
+def worker_args(*extra: str) -> dict:
+    args = yaml.safe_load(LAB_VARS.read_text())["sglang_datagen_worker_extra_args"]
+    return {"sglang_datagen_worker_extra_args": [*args, *extra]}
+
+
+def play(*args: str, extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1")
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *args, str(PLAYBOOK), "-e", json.dumps(FAST)]
+    if extra:
+        cmd += ["-e", json.dumps(extra)]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    fatal = [line[:400] for line in done.stdout.splitlines() if line.startswith(("fatal:", "failed:"))][:5]
+    assert done.returncode == 0, "\n".join(fatal) + "\n" + done.stdout[-5000:] + done.stderr[-2000:]
+    return done
+
+
+def reset_pipeline(lab: dict) -> None:
+    for vmid in ("200", "210"):
+        in_ct(lab, vmid, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl",
+              f"{WORK}/generate.progress.json", f"{WORK}/generate.errors.jsonl", f"{WORK}/tokenized",
+              f"{WORK}/merged", f"{WORK}/report")
+
+
+def wait_pipeline_finished(lab: dict, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = in_ct(lab, "200", "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
+        marker = in_ct(lab, "200", "test", "-s", f"{WORK}/pipeline.done", check=False).returncode == 0
+        if state in ("inactive", "failed") and marker:
+            return
+        journal = in_ct(lab, "200", "journalctl", "-u", "datagen-pipeline", "--no-pager", "-n", "40", check=False)
+        assert state != "failed", journal.stdout
+        assert time.monotonic() < deadline, f"pipeline still {state}: {journal.stdout}"
+        time.sleep(1)
+
+
+def generated_ids(lab: dict) -> list[str]:
+    out = in_ct(lab, "200", "cat", f"{WORK}/generated.jsonl", check=False).stdout
+    return [json.loads(line)["id"] for line in out.splitlines()]
+
+
+def prompt_ids(lab: dict) -> list[str]:
+    return [json.loads(line)["id"] for line in in_ct(lab, "200", "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    if os.geteuid() != 0:
+        pytest.skip("the lab needs root")
+    status = lab_status()
+    if not status.get("up") or status.get("nodes", 1) < 2:
+        pytest.skip("the two-node lab is not up (run: tests/lab/lab up --nodes 2)")
+    yield status
+    for ct in ("200", "210"):
+        subprocess.run([str(LAB), "trainer", "graceful", "--ct", ct], capture_output=True, timeout=300, check=False)
+
+
+def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
+    for ct in ("200", "210"):
+        subprocess.run([str(LAB), "trainer", "graceful", "--ct", ct], capture_output=True, timeout=300, check=True)
+    reset_pipeline(fleet)
+    before = {url: served(url) if http(url + "/health")[0] == 200 else 0.0
+              for urls in NODE_WORKERS.values() for url in urls}
+    done = play()
+    out = done.stdout + done.stderr
+    # the stop half on both nodes, then the fleet summary
+    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
+    assert "RESULT: CT 210 on lab-pve2: training stopped, GPUs free." in out
+    status = lab_status()
+    assert not status["trainer"]["running"] and not status["node2"]["trainer"]["running"]
+    assert "FLEET: 2 of 2 container(s) stopped with their GPUs free" in out
+    # workers on both nodes; the router and the pipeline on CT200 only
+    for vmid in ("200", "210"):
+        for i in range(8):
+            assert in_ct(fleet, vmid, "systemctl", "is-active", f"sglang-datagen-worker@{i}.service").stdout.strip() == "active"
+    assert in_ct(fleet, "210", "systemctl", "is-active", "sglang-datagen-router.service", check=False).stdout.strip() != "active"
+    assert in_ct(fleet, "210", "test", "-e", "/etc/systemd/system/datagen-pipeline.service", check=False).returncode != 0
+    wait_pipeline_finished(fleet, 300)
+    key = api_key(fleet)
+    assert len(key) >= 32
+    # the router lists all 16 workers healthy, and both nodes' workers served chat requests
+    status, body = http(ROUTER + "/workers", key)
+    assert status == 200, body
+    listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
+    assert listed == {url: True for urls in NODE_WORKERS.values() for url in urls}, listed
+    per_node = {vmid: sum(served(url) - before[url] for url in urls) for vmid, urls in NODE_WORKERS.items()}
+    assert per_node["200"] > 0 and per_node["210"] > 0, per_node
+    # one pipeline: every prepared id exactly once, and no dataset on the second node
+    prompts, ids = prompt_ids(fleet), generated_ids(fleet)
+    assert len(prompts) == len(set(prompts)) == 100
+    assert sorted(ids) == sorted(prompts), (len(ids), len(set(ids)))
+    assert sum(per_node.values()) >= 100
+    assert in_ct(fleet, "210", "test", "-e", f"{WORK}/generated.jsonl", check=False).returncode != 0
+    # every worker port refuses a request without the key (401, as SGLang's auth.py) and takes it with it;
+    # the router (sglang-router 0.3.2) refuses chat and its worker list without it (its /v1/models stays open)
+    chat = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for url in NODE_WORKERS["200"] + NODE_WORKERS["210"]:
+        assert http(url + "/v1/models")[0] == 401, url
+        assert http(url + "/v1/chat/completions", None, chat)[0] == 401, url
+        assert http(url + "/v1/models", "wrong")[0] == 401, url
+        assert http(url + "/v1/models", key)[0] == 200, url
+    assert http(ROUTER + "/v1/chat/completions", None, chat)[0] == 401
+    assert http(ROUTER + "/v1/chat/completions", "wrong", chat)[0] == 401
+    assert http(ROUTER + "/workers")[0] == 401
+    assert http(ROUTER + "/v1/chat/completions", key, chat)[0] == 200
+    # the key is in no log, unit file or summary: the play's output, both nodes' journals and units
+    assert key not in out
+    for vmid in ("200", "210"):
+        journal = in_ct(fleet, vmid, "journalctl", "--no-pager", "-o", "cat", "--since", "-30min").stdout
+        assert key not in journal, vmid
+        units = in_ct(fleet, vmid, "sh", "-c", "cat /etc/systemd/system/sglang-datagen* "
+                      "/etc/systemd/system/datagen-pipeline.service 2>/dev/null; systemctl show -p ExecStart "
+                      "'sglang-datagen-*'").stdout
+        assert key not in units and "--api-key ${SGLANG_DATAGEN_API_KEY}" in units, vmid
+        mode = in_ct(fleet, vmid, "stat", "-c", "%a", "/opt/datagen/api-key.env").stdout.strip()
+        assert mode == "600", (vmid, mode)
+
+
+def test_losing_the_second_node_mid_run_still_finishes_and_a_rerun_restores_it(fleet):
+    """CT210's workers all stop mid-generation: the router sends everything to CT200's; every id once. A re-run
+    of the playbook starts CT210's workers again and the router routes to them again."""
+    reset_pipeline(fleet)
+    # slow workers (10 s a request, 16 in flight: about 60 s for the 100 rows), so the loss lands mid-generation
+    play(extra=worker_args("--latency", "10"))
+    key = api_key(fleet)
+    in_ct(fleet, "210", "systemctl", "stop", "sglang-datagen.target")
+    assert in_ct(fleet, "200", "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip() == "activating"
+    left = 100 - len(generated_ids(fleet))
+    assert left >= 30, f"only {left} rows left when CT210 went away"
+    assert not any(_answers(url) for url in NODE_WORKERS["210"])  # gone: nothing listens there
+    wait_pipeline_finished(fleet, 400)
+    prompts, ids = prompt_ids(fleet), generated_ids(fleet)
+    assert sorted(ids) == sorted(prompts) and len(ids) == 100, (len(ids), len(set(ids)))
+    assert in_ct(fleet, "200", "test", "-s", f"{WORK}/generate.errors.jsonl", check=False).returncode != 0
+    # the re-run brings CT210's workers back; its gate on CT200 waits until the router lists them healthy
+    play(extra=worker_args("--latency", "10"))
+    for i in range(8):
+        assert in_ct(fleet, "210", "systemctl", "is-active", f"sglang-datagen-worker@{i}.service").stdout.strip() == "active"
+    status, body = http(ROUTER + "/workers", key)
+    listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
+    assert all(listed.get(url) for url in NODE_WORKERS["210"]), listed
+
+
+def _answers(url: str) -> bool:
+    try:
+        http(url + "/health")
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,99 @@
+"""``--api-key`` on the stand-in workers (as SGLang 0.5.23's ``srt/utils/auth.py`` decides it), on the REAL
+sglang-router 0.3.2 (its clients need the key, and it sends the key to the workers), and the role's readiness
+gate with ``--api-key-file``: what a multi-node generation job relies on (roles/sglang_datagen README
+"One job, many nodes")."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
+from harness import RouterProcess, StandinProcess  # noqa: E402
+from standin import auth_allowed  # noqa: E402
+
+GATE = os.path.join(ROOT, "roles", "sglang_datagen", "files", "ready_gate.py")
+KEY = "k3y-" + "x" * 40
+CHAT = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+def request(url: str, key: str | None = None, body: dict | None = None, scheme: str = "Bearer") -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"{scheme} {key}"
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body else None, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+class KeyedRouter(RouterProcess):
+    """The real router started with ``--api-key``: its own /workers then needs the key too."""
+
+    def workers(self) -> dict:
+        status, text = request(self.url + "/workers", KEY)
+        if status != 200:
+            raise urllib.error.URLError(f"HTTP {status}")
+        return {w["url"]: w["is_healthy"] for w in json.loads(text)["workers"]}
+
+
+def test_auth_rule_is_sglangs():
+    # sglang/srt/utils/auth.py decide_request_auth, normal endpoints
+    assert auth_allowed("GET", "/v1/models", None, None)
+    assert not auth_allowed("GET", "/v1/models", None, KEY)
+    assert not auth_allowed("POST", "/v1/chat/completions", "Bearer nope", KEY)
+    assert not auth_allowed("POST", "/v1/chat/completions", KEY, KEY)  # no scheme
+    assert auth_allowed("POST", "/v1/chat/completions", "bearer " + KEY, KEY)  # scheme is case-insensitive
+    for path in ("/health", "/health_generate", "/ready", "/metrics"):
+        assert auth_allowed("GET", path, None, KEY), path
+    assert auth_allowed("OPTIONS", "/v1/chat/completions", None, KEY)
+
+
+def test_standin_refuses_requests_without_the_key():
+    with StandinProcess(["--api-key", KEY]) as worker:
+        assert request(worker.url + "/v1/models") == (401, '{"error": "Unauthorized"}')
+        assert request(worker.url + "/v1/models", "wrong")[0] == 401
+        assert request(worker.url + "/v1/chat/completions", body=CHAT)[0] == 401
+        assert request(worker.url + "/v1/models", KEY)[0] == 200
+        assert request(worker.url + "/v1/chat/completions", KEY, CHAT)[0] == 200
+        assert request(worker.url + "/health")[0] == 200 and request(worker.url + "/health_generate")[0] == 200
+        metrics = worker.metrics()
+        assert metrics["standin_unauthorized_total"] == 3 and metrics["standin_ok_total"] == 1
+
+
+def test_real_router_requires_the_key_from_clients_and_sends_it_to_the_workers():
+    with StandinProcess(["--api-key", KEY]) as w1, StandinProcess(["--api-key", KEY]) as w2:
+        with KeyedRouter([w1.url, w2.url], args=["--api-key", KEY]) as router:
+            assert request(router.url + "/v1/chat/completions", body=CHAT)[0] == 401
+            assert request(router.url + "/v1/chat/completions", "wrong", CHAT)[0] == 401
+            for _ in range(4):
+                status, text = request(router.url + "/v1/chat/completions", KEY, CHAT)
+                assert status == 200, text
+            served = w1.metrics()["standin_ok_total"] + w2.metrics()["standin_ok_total"]
+            assert served == 4  # the workers took the router's requests: it sent them the key
+            assert w1.metrics()["standin_unauthorized_total"] + w2.metrics()["standin_unauthorized_total"] == 0
+            log = router._read_log()
+        assert KEY not in log
+
+
+def test_gate_sends_the_key_from_its_file(tmp_path):
+    env_file = tmp_path / "api-key.env"
+    env_file.write_text(f"SGLANG_DATAGEN_API_KEY={KEY}\n")
+    with StandinProcess(["--api-key", KEY]) as worker:
+        with KeyedRouter([worker.url], args=["--api-key", KEY]) as router:
+            base = [sys.executable, GATE, "--timeout", "3", "--delay", "1", "--router", router.url,
+                    "--worker", worker.url]
+            without = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)
+            assert without.returncode == 1, without.stdout  # the router's worker list needs the key
+            keyed = subprocess.run(base + ["--api-key-file", str(env_file)], capture_output=True, text=True,
+                                   timeout=60, check=False)
+            assert keyed.returncode == 0, keyed.stdout + keyed.stderr
+            assert json.loads(keyed.stdout)["ready"] is True
+            assert KEY not in keyed.stdout + keyed.stderr
