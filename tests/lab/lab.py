@@ -149,6 +149,7 @@ GPU_CTS = tuple(node.main_ct for node in NODES.values())
 def node_of(vmid: str) -> LabNode:
     return next(node for node in NODES.values() if vmid in node.containers)
 
+
 SUITE = "bookworm"
 VARIANT = "minbase"
 MIRROR = os.environ.get("GPUOPS_LAB_MIRROR", "http://deb.debian.org/debian")

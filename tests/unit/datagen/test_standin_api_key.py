@@ -73,7 +73,7 @@ def test_real_router_requires_the_key_from_clients_and_sends_it_to_the_workers()
         with KeyedRouter([w1.url, w2.url], args=["--api-key", KEY]) as router:
             assert request(router.url + "/v1/chat/completions", body=CHAT)[0] == 401
             assert request(router.url + "/v1/chat/completions", "wrong", CHAT)[0] == 401
-            for _ in range(4):
+            for _request in range(4):
                 status, text = request(router.url + "/v1/chat/completions", KEY, CHAT)
                 assert status == 200, text
             served = w1.metrics()["standin_ok_total"] + w2.metrics()["standin_ok_total"]
