@@ -6,18 +6,17 @@ gate with ``--api-key-file``: what a multi-node generation job relies on (roles/
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "sglang_standin"))
-from harness import RouterProcess, StandinProcess  # noqa: E402
-from standin import auth_allowed  # noqa: E402
+from harness import RouterProcess, StandinProcess
+from standin import auth_allowed
 
-GATE = os.path.join(ROOT, "roles", "sglang_datagen", "files", "ready_gate.py")
+from tests.support.paths import DATAGEN_FILES
+
+GATE = str(DATAGEN_FILES / "ready_gate.py")
 KEY = "k3y-" + "x" * 40
 CHAT = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

@@ -77,7 +77,7 @@ def test_nothing_selected_reports_the_last_ladder_for_this_selection(tmp_path):
                  "stopped_by": "SIGTERM"})
     second = _stop_job.stop_job(p)
     assert second["previous"]["pid"] == 4242
-    assert any("the last ladder for this selection (pid 4242" in n and "stopped the job with SIGTERM" in n
+    assert any("the last ladder for this selection (training_stop pid 4242" in n and "stopped the job with SIGTERM" in n
                for n in second["notes"]), second["notes"]
 
 
@@ -85,8 +85,8 @@ def test_nothing_selected_reports_the_last_ladder_for_this_selection(tmp_path):
     (None, None),
     ({"state": "running", "pid": 1}, None),
     ({"state": "interrupted", "pid": 7, "started": 0}, "was interrupted before it finished"),
-    ({"state": "failed", "pid": 7, "finished": 0, "msg": "boom"}, "ended: boom"),
-    ({"state": "done", "pid": 7, "finished": 0}, "ended: nothing was left to stop"),
+    ({"state": "failed", "pid": 7, "finished": 0, "msg": "boom"}, "ended at 1970-01-01T00:00:00Z: boom"),
+    ({"state": "done", "pid": 7, "finished": 0}, "ended at 1970-01-01T00:00:00Z: nothing was left to stop"),
 ])
 def test_previous_note(previous, expected):
     note = _stop_job.previous_note(previous)
