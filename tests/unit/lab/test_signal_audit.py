@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
+from signal_audit import ENV, read_audit
+from trainer_harness import PYTHON, Trainer, alive, wait_for
 
-LAB = os.path.join(os.path.dirname(__file__), "..", "..", "lab")
-sys.path.insert(0, os.path.join(LAB, "trainer"))
-from signal_audit import ENV, read_audit  # noqa: E402
-from trainer_harness import PYTHON, Trainer, alive, wait_for  # noqa: E402
+from tests.support.paths import LAB_DIR
+
+LAB = str(LAB_DIR)
 
 pytestmark = pytest.mark.timeout(60)
 
