@@ -4,15 +4,12 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+from tests.support.faults import Figures
 
-from faults_support import Figures  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 _FIGURES = Figures()
 

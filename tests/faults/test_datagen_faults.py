@@ -28,9 +28,13 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import pytest
-from faults_support import FILES
-from faults_support import dg_rows as fx
 from harness import StandinProcess
+
+from datagen import space
+from tests.support import datagen_rows as fx
+from tests.support.paths import DATAGEN_FILES
+
+FILES = str(DATAGEN_FILES)
 
 PIPELINE = ("prepare", "generate", "tokenize", "merge", "report")
 ROWS = 1200  # enough that every stage runs long enough (tens of ms at least) to be killed mid-way
@@ -233,9 +237,6 @@ def test_work_dir_fills_up(stage, leave, tmp_path, small_fs, standin, figures):
 
 def test_disk_full_message_names_the_space_needed(tmp_path):
     """The estimate for generate grows with the rows left: the message is not a fixed string."""
-    sys.path.insert(0, FILES)
-    from datagen import space
-
     work = tmp_path / "w"
     work.mkdir()
     (work / "prompts.jsonl").write_text("".join(json.dumps({"id": str(i), "p": "x" * 200}) + "\n"

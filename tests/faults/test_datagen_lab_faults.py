@@ -11,46 +11,34 @@ Marked ``lab``: skipped with the reason when the lab is not up.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import shlex
 import subprocess
 import time
 
 import pytest
-from faults_support import ROOT
 
-from tests.support.datagen import WORK, generated_rows, reset_pipeline, wait_pipeline_finished
-from tests.support.lab import lab_status
-from tests.support.ssh import attach
+from tests.support.datagen import (
+    TOKEN_EXACT_PY,
+    WORK,
+    generated_rows,
+    lab_worker_args,
+    play,
+    reset_pipeline,
+    wait_pipeline_finished,
+)
+from tests.support.lab import lab_cli
+from tests.support.ssh import attach, on_host
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
-
-# the role test's play runner, worker arguments and token-exact check (not in tests/support)
-_spec = importlib.util.spec_from_file_location(
-    "dg_lab", os.path.join(ROOT, "tests", "integration", "test_role_sglang_datagen.py"))
-dg = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(dg)
 
 ROWS = 100  # the lab inventory's datagen config (tests/lab/datagen, target_total)
 RESUME_DELAY = 5  # sglang_datagen_resume_after_boot_delay for these runs
 
 
-@pytest.fixture(scope="module")
-def lab():
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    status = lab_status()
-    if not status or not status.get("up") or status.get("containers", {}).get("200") != "running":
-        pytest.skip("the CT200 lab is not up with CT200 running (run: tests/lab/lab up)")
-    return status
-
-
 def pve(lab, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """A command on the lab's PVE host over its sshd (as an operator or another tool would run it)."""
-    return subprocess.run([*lab["ssh"], "root@" + lab["host"], shlex.join(argv)], capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    return on_host(lab, *argv, timeout=timeout, check=False)
 
 
 def every_id_once(lab) -> int:
@@ -59,19 +47,9 @@ def every_id_once(lab) -> int:
     assert len(prompts) == len(set(prompts)) == ROWS
     assert len(ids) == len(set(ids)), "a row was generated twice"
     assert sorted(ids) == sorted(prompts), sorted(set(prompts) - set(ids))[:5]
-    exact = json.loads(attach(lab, "/opt/datagen/venv/bin/python", "-c", dg.TOKEN_EXACT_PY, WORK).stdout)
+    exact = json.loads(attach(lab, "/opt/datagen/venv/bin/python", "-c", TOKEN_EXACT_PY, WORK).stdout)
     assert (exact["rows"], exact["distinct"]) == (ROWS, ROWS), exact
     return ROWS - exact["distinct"]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def main_pid(lab, unit: str) -> int:
@@ -82,7 +60,7 @@ def main_pid(lab, unit: str) -> int:
 def test_worker_and_router_sigkilled_mid_generation_systemd_restarts_them(lab, figures):
     reset_pipeline(lab)
     # slow workers (10 s a request, 16 in flight: about 60 s for the 100 rows): both kills land mid-run
-    dg.play("-e", dg.lab_worker_args("--latency", "10"))
+    play("-e", lab_worker_args("--latency", "10"))
     unit = "sglang-datagen-worker@2.service"
     for victim in (unit, "sglang-datagen-router.service"):
         before = main_pid(lab, victim)
@@ -102,7 +80,7 @@ def test_worker_and_router_sigkilled_mid_generation_systemd_restarts_them(lab, f
 def test_ct200_rebooted_mid_pipeline_resumes_after_boot_and_a_finished_one_does_not_rerun(lab, figures):
     reset_pipeline(lab)
     delay = json.dumps({"sglang_datagen_resume_after_boot_delay": RESUME_DELAY})
-    dg.play("-e", dg.lab_worker_args("--latency", "5"), "-e", delay)
+    play("-e", lab_worker_args("--latency", "5"), "-e", delay)
     assert attach(lab, "systemctl", "is-enabled", "datagen-pipeline.timer").stdout.strip() == "enabled"
     wait_for(lambda: len(generated_rows(lab)) >= 10, 120, "some rows generated before the reboot")
     done_before = len(generated_rows(lab))
@@ -134,4 +112,4 @@ def test_ct200_rebooted_mid_pipeline_resumes_after_boot_and_a_finished_one_does_
             == "inactive"
     finally:
         # the reboot took the trainer and the decoy sessions with it: the lab puts them back
-        subprocess.run([os.path.join(ROOT, "tests", "lab", "lab"), "up"], capture_output=True, timeout=600, check=False)
+        lab_cli("up", timeout=600)

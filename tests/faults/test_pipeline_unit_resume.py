@@ -13,7 +13,8 @@ import subprocess
 
 import jinja2
 import pytest
-from faults_support import ROOT
+
+from tests.support.paths import ROOT
 
 TEMPLATES = os.path.join(ROOT, "roles", "sglang_datagen", "templates")
 

@@ -26,12 +26,12 @@ import subprocess
 import time
 
 import pytest
-from faults_support import ROOT
+from signal_audit import read_audit
 
 from tests.support import ct200, playbook, ssh
 from tests.support import lab as lab_support
 from tests.support import stop_training as stop
-from tests.support.paths import LAB_CLI
+from tests.support.procfs import descendants
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
 
@@ -52,42 +52,19 @@ LADDER_BOUND = sum(r["timeout"] for r in LADDER) + FAULT_VARS["stop_training_gpu
 
 
 @pytest.fixture(scope="module")
-def lab():
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    status = lab_support.lab_status()
-    if not status or not status.get("up"):
-        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
-    if not status.get("signal_audit"):
+def lab(lab):
+    """The shared ``lab`` (its skip rule), with the signal audit; the default trainer put back afterwards."""
+    if not lab.get("signal_audit"):
         pytest.skip("the lab predates the signal audit: run tests/lab/lab up from this checkout")
-    yield status
-    subprocess.run([str(LAB_CLI), "trainer", "graceful"], capture_output=True, timeout=300, check=False)
+    yield lab
+    lab_support.restore_trainer()
 
 
 # ---------------------------------------------------------------- the controller's process tree
 
-def _ppids() -> dict[int, int]:
-    out = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            out[int(name)] = int(stat[stat.rindex(")") + 2:].split()[1])
-    return out
-
-
 def tree(root: int) -> list[int]:
     """``root`` and all its descendants now (workers that setsid'd stay children of the controller)."""
-    parents = _ppids()
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += [c for c, p in parents.items() if p == pid]
-    return found
+    return [root, *descendants(root)]
 
 
 def kill_controller(proc: subprocess.Popen, with_workers: bool) -> list[int]:
@@ -129,17 +106,7 @@ def run_until_banner(k: int) -> tuple[subprocess.Popen, list[str]]:
 # ---------------------------------------------------------------- what the container says
 
 def audit(lab: dict) -> list[dict]:
-    import sys
-
-    sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "trainer"))
-    from signal_audit import read_audit
-
     return read_audit(lab["signal_audit"]["host_dir"])
-
-
-def decoys(lab: dict) -> dict[int, str]:
-    return {pid: args for pid, args in ct200.ct_processes(lab).items()
-            if "networkd-dispatcher" in args or args.startswith(("vi ", "watch "))}
 
 
 def stopped_states(lab: dict, pids) -> list[int]:
@@ -148,17 +115,17 @@ def stopped_states(lab: dict, pids) -> list[int]:
 
 
 def checkpoint_ok(lab: dict) -> bool:
-    py = ("import sys; sys.path.insert(0, '/opt/lab/trainer'); import fake_trainer as f, glob;"
+    py = ("import fake_trainer as f, glob;"
           "bad = [p for p in glob.glob('/root/dflash/checkpoints/ckpt-*.bin') if f.verify_checkpoint(p) is None];"
           "print(len(bad))")
-    done = ssh.in_ct(lab, "python3", "-c", py, check=False)
+    done = ssh.in_ct(lab, "env", "PYTHONPATH=/opt/lab/trainer", "python3", "-c", py, check=False)
     return done.returncode == 0 and done.stdout.strip() == "0"
 
 
 def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: list[str]) -> None:
     started = lab_support.trainer(BEHAVIOUR)
     job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
-    decoys_before = decoys(lab)
+    decoys_before = ct200.decoy_pids(lab)
     t0 = time.monotonic()
     proc, seen = run_until_banner(k)
     assert len(seen) == k + 1, f"{name}: the play ended after {len(seen)} tasks, the reference run had {len(reference)}"
@@ -187,7 +154,7 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
     for rec in records:
         if rec["role"] == "networkd-dispatcher" and rec["pid"] in decoys_before and rec["signals"]:
             wrong += 1
-    now = decoys(lab)
+    now = ct200.decoy_pids(lab)
     wrong += len(set(decoys_before) - set(now)) + len(stopped_states(lab, now))
     ladders = 1 + (1 if left else 0)  # the killed run may have run it; the re-run did if anything was left
     for rec in records:
@@ -206,16 +173,29 @@ def audit_boot(lab: dict) -> str:
     return ssh.in_ct(lab, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
 
 
+FULL = os.environ.get("GPUOPS_FAULTS_FULL") == "1"
+
+
 def kill_points(reference: list[str]) -> list[int]:
     """k for "killed after task k": every task of the play with GPUOPS_FAULTS_FULL=1 (about 50 points, over an
     hour on the lab); by default, to fit CI's budget, the two points where a killed run leaves the most behind:
     the run lock held (after "Take the run lock") and the job stopped with the GPU wait not done (after
     the ladder). A kill before the lock leaves nothing in CT200; one after the unlock leaves a finished run."""
-    if os.environ.get("GPUOPS_FAULTS_FULL") == "1":
+    if FULL:
         return list(range(1, len(reference)))
     after = ("Take the run lock", "Run the stop-verify-kill ladder")
     points = {k + 1 for k, name in enumerate(reference) if any(a in name for a in after)}
     return sorted(k for k in points if k < len(reference))
+
+
+def kill_variants(points: list[int]) -> list[tuple[int, bool]]:
+    """(k, with_workers) to run. Full: both variants at the first point, the whole controller at the others.
+    CI: each variant once, at a different point: the process group alone (its setsid'd workers left running)
+    while the run lock is held, the whole controller after the ladder; both points and both variants are
+    covered, not their cross product."""
+    if FULL:
+        return [(k, with_workers) for n, k in enumerate(points) for with_workers in ((True, False) if n == 0 else (True,))]
+    return [(k, n != 0) for n, k in enumerate(points)]
 
 
 def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
@@ -227,21 +207,27 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
     points = kill_points(reference)
     figures.note("stop half tasks (reference run)", reference)
     figures.note("stop half kill points", points)
+    assert len(points) == 2 or FULL, (points, reference)  # the lock and the ladder are both in the play
     failures = []
-    for n, k in enumerate(points):
-        for with_workers in (True, False) if n == 0 else (True,):
-            name = "ansible-playbook SIGKILLed after task %d%s" % (k, "" if with_workers else " (workers left)")
-            try:
-                check_point(lab, figures, name, k, with_workers, reference)
-            except AssertionError as exc:
-                failures.append(f"{name} ('{reference[k - 1]}'): {exc}"[:2000])
-                figures.failed(name, failures[-1])
+    for k, with_workers in kill_variants(points):
+        name = "ansible-playbook SIGKILLed after task %d%s" % (k, "" if with_workers else " (workers left)")
+        try:
+            check_point(lab, figures, name, k, with_workers, reference)
+        except AssertionError as exc:
+            failures.append(f"{name} ('{reference[k - 1]}'): {exc}"[:2000])
+            figures.failed(name, failures[-1])
     assert not failures, "\n\n".join(failures)
 
 
-@pytest.mark.parametrize("during", ["Stop | Run the stop-verify-kill ladder",
-                                    "Stop | Wait until every GPU's memory is released"],
-                         ids=["ladder", "gpu_free_wait"])
+# CI reboots CT200 during the ladder (the stop half's own bounded loop, which nothing host-side covers);
+# gpu_free_wait's mid-wait faults run host-side in CI (test_gpu_faults.py), its reboot case in the full mode.
+REBOOT_POINTS = [pytest.param("Stop | Run the stop-verify-kill ladder", id="ladder"),
+                 pytest.param("Stop | Wait until every GPU's memory is released", id="gpu_free_wait",
+                              marks=pytest.mark.skipif(not FULL, reason="full mode only (GPUOPS_FAULTS_FULL=1): "
+                                                       "CI's budget runs the ladder's reboot case"))]
+
+
+@pytest.mark.parametrize("during", REBOOT_POINTS)
 def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
     """Someone reboots CT200 (``pct reboot`` on the PVE host) while the ladder or the GPU wait runs:
     the play ends within its bounds (no hang), and a plain re-run is ok and converges."""
@@ -257,8 +243,7 @@ def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
     try:
         playbook.read_until(proc, f" : {during}]", timeout=300)
         time.sleep(1.0)  # inside the task
-        rebooted = subprocess.run([*lab["ssh"], "root@" + lab["host"], "pct reboot 200 --timeout 30"],
-                                  capture_output=True, text=True, timeout=300, check=False)
+        rebooted = ssh.on_host(lab, "pct reboot 200 --timeout 30", timeout=300, check=False)
         figures.injected(name)
         assert rebooted.returncode == 0, rebooted.stderr
         out, _ = proc.communicate(timeout=LADDER_BOUND + 120)
@@ -270,7 +255,8 @@ def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
     figures.wait(f"play with CT200 rebooted during {during}", waited, LADDER_BOUND + 120)
     try:
         # the reboot ended the job and the stray GPU holder; the lab puts its trainer and decoys back
-        subprocess.run([str(LAB_CLI), "up"], capture_output=True, timeout=600, check=True)
+        up = lab_support.lab_cli("up", timeout=600)
+        assert up.returncode == 0, up.stderr + up.stdout
         assert not (ct200.trainer_pids(lab) & job)
         rc, out = stop.play(FAULT_VARS)
         assert rc == 0, out[-4000:]
@@ -281,4 +267,4 @@ def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
         assert all(not r["signals"] for r in records), records
         figures.survived(name)
     finally:
-        subprocess.run([str(LAB_CLI), "up"], capture_output=True, timeout=600, check=False)
+        lab_support.lab_cli("up", timeout=600)

@@ -25,33 +25,26 @@ lab is not up.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import glob
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-LAB = os.path.join(ROOT, "tests", "lab", "lab")
-BIN = os.path.dirname(sys.executable)
-sys.path.insert(0, os.path.join(ROOT, ".collections"))
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (  # noqa: E402
-    container_vmid_from_cgroup,
-    iter_processes,
-)
-from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
+from tests.support import stop_training as stop
+from tests.support.ct200 import ct_init_pid, trainer_pids
+from tests.support.lab import lab_cli, lab_lock, trainer
+from tests.support.playbook import ansible_env, recap, start_adhoc
+from tests.support.procfs import descendants, serving_processes
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
-TRAINER = r"^\S*python3 /opt/lab/trainer/fake_trainer\.py "
 # rung 1 (Ctrl-C) 2 s, rung 2 (SIGTERM) 10 s: the cut lands 4 s after the ladder started, inside SIGTERM
 LADDER = [{"signal": "SIGINT", "via": "tmux", "timeout": 2}, {"signal": "SIGTERM", "timeout": 10},
           {"signal": "SIGKILL", "timeout": 5}]
@@ -62,62 +55,10 @@ BOUND_S = _pct_ssh.dead_after(_pct_ssh.Settings(host="pve1.example.internal")) +
 SLACK_S = 15.0  # ansible's own start and end on a loaded 2-core machine
 
 
-def lab_status() -> dict | None:
-    try:
-        done = subprocess.run([LAB, "status"], capture_output=True, text=True, timeout=60, check=False)
-        return json.loads(done.stdout)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return None
-
-
-@pytest.fixture(scope="module")
-def lab() -> dict:
-    if os.geteuid() != 0:
-        pytest.skip("the CT200 lab needs root")
-    status = lab_status()
-    if not status or not status.get("up"):
-        pytest.skip("the CT200 lab is not up (run: tests/lab/lab up)")
-    return status
-
-
-@contextlib.contextmanager
-def lab_lock(status: dict, timeout: float = 600):
-    """The lab's own operation lock: no ``lab trainer`` restarts CT200 meanwhile."""
-    fd = os.open(status["lock_file"], os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        end = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                assert time.monotonic() < end, "the lab lock stayed busy for %ss" % timeout
-                time.sleep(0.2)
-        yield
-    finally:
-        os.close(fd)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < end, "timed out after %ss waiting for %s" % (timeout, what)
-        time.sleep(0.2)
-
-
-def trainer_procs() -> dict[int, str]:
-    """Host pid -> state of the fake trainer's processes in CT200."""
-    return {info.pid: info.state for info in iter_processes()
-            if container_vmid_from_cgroup(info.cgroup) == 200 and re.search(TRAINER, info.command)}
-
-
 def records(status: dict) -> list[dict]:
     """training_stop's ladder records in CT200's /run (read through the container init's root)."""
-    init = subprocess.run(["lxc-info", "-P", status["lxcpath"], "-n", "200", "-pH"], capture_output=True, text=True,
-                          timeout=30, check=True).stdout.strip()
+    init = ct_init_pid(status)
+    assert init, "CT200 has no init (not running?)"
     found = []
     for path in glob.glob("/proc/%s/root/run/gpuops-repurpose/training_stop-*.json" % init):
         try:
@@ -133,11 +74,9 @@ def my_record(status: dict, since: float) -> dict:
     return max(mine, key=lambda r: r["started"]) if mine else {}
 
 
-def adhoc(env: dict, args: dict, timeout: float = 300) -> subprocess.Popen:
-    argv = [os.path.join(BIN, "ansible"), "ct200", "-i", os.path.join(ROOT, "inventories", "lab"), "-o",
-            "-m", "gpuops.repurpose.training_stop", "-a", json.dumps(args)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
-                            stdin=subprocess.DEVNULL)
+def adhoc(env: dict, args: dict) -> subprocess.Popen:
+    """training_stop on ct200 through real ``ansible`` (one-line output)."""
+    return start_adhoc("ct200", "gpuops.repurpose.training_stop", args, options=["-o"], env=env)
 
 
 def result_of(out: str) -> tuple[str, dict]:
@@ -158,73 +97,27 @@ def master_pid(control_dir: str) -> tuple[_pct_ssh.MasterClient, int]:
     return client, client._call({"op": "ping"}, timeout=5)[0]["pid"]
 
 
-def _tcp_table() -> dict[int, tuple[int, int]]:
-    table = {}
-    with open("/proc/net/tcp") as fh:
-        next(fh)
-        for line in fh:
-            f = line.split()
-            table[int(f[9])] = (int(f[1].split(":")[1], 16), int(f[2].split(":")[1], 16))
-    return table
-
-
-def _socket_inodes(pid: int) -> set[int]:
-    inodes = set()
-    for fd in glob.glob("/proc/%d/fd/*" % pid):
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(int(target[8:-1]))
-    return inodes
-
-
 def serving_sshd(status: dict, client_pid: int) -> list[int]:
-    """The lab sshd's processes holding the server end of CLIENT_PID's connection (matched by its local port)."""
-    port = status["port"]
-    table = _tcp_table()
-    ports = {table[i][0] for i in _socket_inodes(client_pid) if i in table and table[i][1] == port}
-    assert len(ports) == 1, ports
-    (peer,) = ports
-    listener = status["sshd"]["pid"]
-    found = []
-    for info in iter_processes():
-        if info.pid != client_pid and any(table.get(i) == (port, peer) for i in _socket_inodes(info.pid)):
-            found.append(info.pid)
-    # only the lab sshd's own children: never anything else on this machine
-    assert found and all(_descends_from(pid, listener) for pid in found), (found, listener)
-    return found
-
-
-def _descends_from(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            with open("/proc/%d/stat" % pid) as fh:
-                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return False
-    return False
+    """The lab sshd's processes holding the server end of CLIENT_PID's connection: only the lab sshd's own
+    descendants are candidates, never anything else on this machine."""
+    return serving_processes(client_pid, status["port"], descendants(status["sshd"]["pid"]))
 
 
 @pytest.fixture
 def stubborn(lab):
     before = lab.get("trainer", {}).get("behaviour") or "graceful"
-    subprocess.run([LAB, "trainer", "stubborn"], check=True, capture_output=True, timeout=300)
+    trainer("stubborn")
     yield
-    subprocess.run([LAB, "trainer", before], check=False, capture_output=True, timeout=300)
+    lab_cli("trainer", before)  # best effort at teardown, as restore_trainer
 
 
 @pytest.mark.parametrize("cut", ["master_killed", "sshd_child_killed", "sshd_child_frozen"])
 def test_link_cut_during_sigterm_rung(lab, stubborn, tmp_path, cut):
     control_dir = str(tmp_path / "cp")
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
+    env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
     frozen: list[int] = []
     with lab_lock(lab):
-        job = wait_for(lambda: len(trainer_procs()) == 9 and trainer_procs(), 60, "the stubborn trainer (9 processes)")
+        job = wait_for(lambda: len(trainer_pids(lab)) == 9 and trainer_pids(lab), 60, "the stubborn trainer (9 processes)")
         since = time.time() - 1
         run = adhoc(env, ARGS)
         try:
@@ -258,7 +151,7 @@ def test_link_cut_during_sigterm_rung(lab, stubborn, tmp_path, cut):
                     assert "answered no keepalive" in result["msg"], result
             assert detected_in <= BOUND_S + SLACK_S
             # the ladder goes on without its caller: SIGTERM's 10 s, then SIGKILL
-            wait_for(lambda: not trainer_procs(), 10 + 5 + 30, "the ladder to finish the job on its own")
+            wait_for(lambda: not trainer_pids(lab), 10 + 5 + 30, "the ladder to finish the job on its own")
             record = wait_for(lambda: my_record(lab, since).get("state") in ("done", "failed") and my_record(lab, since),
                               30, "the ladder's record")
             assert record["state"] == "done" and record["stopped_by"] == "SIGKILL", record
@@ -289,37 +182,20 @@ def test_link_cut_during_sigterm_rung(lab, stubborn, tmp_path, cut):
 
 # ---------------------------------------------------------------- the role, as the issue saw it
 
-ROLE_VARS = {
-    "repurpose_datagen": False,
-    "stop_training_ladder": LADDER,
-    "stop_training_kill_timeout": 5,
-    "stop_training_gpu_timeout": 30,
-    "stop_training_gpu_interval": 0.2,
-    "stop_training_restart_timeout": 60,
-}
+ROLE_VARS = dict(stop.FAST, stop_training_ladder=LADDER)
 
 
 def playbook(env: dict) -> subprocess.Popen:
-    argv = [os.path.join(BIN, "ansible-playbook"), "-i", os.path.join(ROOT, "inventories", "lab"),
-            os.path.join(ROOT, "playbooks", "repurpose_ct200.yml"), "-e", json.dumps(ROLE_VARS)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                            env=dict(env, PATH="%s:%s" % (BIN, env.get("PATH", "")), PYTHONUNBUFFERED="1"),
-                            stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def recap(output: str) -> dict[str, int]:
-    m = re.search(r"^ct200\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M)
-    assert m, output[-3000:]
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
+    """playbooks/repurpose_ct200.yml on the lab with ``ROLE_VARS``, in its own process group."""
+    return stop.start(ROLE_VARS, env=env)
 
 
 def test_role_rerun_reports_the_ladder_its_dead_link_left_running(lab, stubborn, tmp_path):
     """The issue's hang: the host's sshd child killed during SIGTERM. The play fails within the bound; the
     re-run's summary says what the unwatched ladder did; a second re-run changes nothing."""
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"))
+    env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"))
     with lab_lock(lab):
-        wait_for(lambda: len(trainer_procs()) == 9, 60, "the stubborn trainer (9 processes)")
+        wait_for(lambda: len(trainer_pids(lab)) == 9, 60, "the stubborn trainer (9 processes)")
         since = time.time() - 1
         play = playbook(env)
         try:
@@ -335,7 +211,7 @@ def test_role_rerun_reports_the_ladder_its_dead_link_left_running(lab, stubborn,
                 os.killpg(play.pid, signal.SIGKILL)
                 play.wait()
         assert play.returncode != 0 and "the SSH connection died" in out, out[-3000:]
-        wait_for(lambda: not trainer_procs(), 10 + 5 + 30, "the ladder to finish the job on its own")
+        wait_for(lambda: not trainer_pids(lab), 10 + 5 + 30, "the ladder to finish the job on its own")
         record = wait_for(lambda: my_record(lab, since).get("state") == "done" and my_record(lab, since), 30,
                           "the ladder's record")
         assert record["stopped_by"] == "SIGKILL", record

@@ -24,11 +24,17 @@ import re
 import time
 
 import pytest
-import yaml
 
-from tests.support.datagen import CONVERGE, LAB_VARS_FILE, WORK, generated_rows, reset_pipeline, wait_pipeline_finished
-from tests.support.paths import LAB_INVENTORY
-from tests.support.playbook import run_playbook
+from tests.support.datagen import (
+    TOKEN_EXACT_PY,
+    WORK,
+    generated_rows,
+    lab_worker_args,
+    play,
+    play_result,
+    reset_pipeline,
+    wait_pipeline_finished,
+)
 from tests.support.ssh import attach as in_ct
 
 ROUTER = "http://127.0.0.1:30000"
@@ -46,23 +52,6 @@ for url in sys.argv[1:]:
     out[url] = {m.group(1): float(m.group(2)) for m in
                 (re.match(r'^(\S+?(?:\{[^}]*\})?) (\S+)$', line) for line in text.splitlines()) if m}
 print(json.dumps(out))
-"""
-
-# inside CT200: the tokenized rows against the server's ids in generated.jsonl (token-exact rows)
-TOKEN_EXACT_PY = r"""
-import json, sys
-import pyarrow.parquet as pq
-work = sys.argv[1]
-gen = {r["id"]: r for r in map(json.loads, open(work + "/generated.jsonl"))}
-man = json.load(open(work + "/tokenized/manifest.json"))
-rows = [r for s in man["shards"] for r in pq.read_table(s, columns=["id", "input_ids", "loss_mask"]).to_pylist()]
-def exact(r):
-    p, o = gen[r["id"]]["prompt_token_ids"], gen[r["id"]]["response_token_ids"]
-    return r["input_ids"] == p + o and r["loss_mask"][len(p):] == [1] * len(o)
-print(json.dumps({"rows": len(rows), "distinct": len({r["id"] for r in rows}), "exact": sum(map(exact, rows)),
-                  "with_ids": sum(bool(g.get("prompt_token_ids") and g.get("response_token_ids")) for g in gen.values()),
-                  "tool": sum(bool(gen[r["id"]].get("tools")) for r in rows),
-                  "agent": sum(any(m["role"] == "tool" for m in gen[r["id"]]["messages"]) for r in rows)}))
 """
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
@@ -110,26 +99,6 @@ def listeners(lab, port):
 def router_workers(lab):
     """{url: healthy} from the real router's worker list (GET /workers), read inside CT200."""
     return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", ROUTER_WORKERS_PY, ROUTER).stdout)
-
-
-def lab_worker_args(*extra):
-    """Extra vars: the lab inventory's worker arguments, then ``extra`` (the stand-in's argparse: the last wins)."""
-    args = yaml.safe_load(LAB_VARS_FILE.read_text())["sglang_datagen_worker_extra_args"]
-    return json.dumps({"sglang_datagen_worker_extra_args": [*args, *extra]})
-
-
-def play_result(*extra):
-    return run_playbook(CONVERGE, LAB_INVENTORY, args=extra, timeout=800)
-
-
-def play(*extra):
-    done = play_result(*extra)
-    recap = re.search(r"ct200\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", done.stdout)
-    # the failing task's first lines, then the tail: a long loop result can push the reason out of the tail
-    fatal = [line[:400] for line in done.stdout.splitlines() if line.startswith(("fatal:", "failed:"))
-             or "UNREACHABLE!" in line][:5]
-    assert done.rc == 0 and recap, "\n".join(fatal) + "\n" + done.stdout[-4000:] + done.stderr[-2000:]
-    return done.stdout, int(recap.group(2))
 
 
 def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):

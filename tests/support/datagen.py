@@ -3,16 +3,37 @@
 from __future__ import annotations
 
 import json
+import re
 import time
-from typing import List
+from typing import List, Tuple
+
+import yaml
 
 from tests.support.paths import LAB_INVENTORY, TESTS
+from tests.support.playbook import PlaybookRun, run_playbook
 from tests.support.ssh import attach
 
 WORK = "/srv/datagen/work"
 # The role's converge play (the datagen half alone) and the lab inventory's datagen settings.
 CONVERGE = TESTS / "integration" / "sglang_datagen" / "converge.yml"
 LAB_VARS_FILE = LAB_INVENTORY / "group_vars" / "training_containers.yml"
+
+# inside CT200: the tokenized rows against the server's ids in generated.jsonl (token-exact rows)
+TOKEN_EXACT_PY = r"""
+import json, sys
+import pyarrow.parquet as pq
+work = sys.argv[1]
+gen = {r["id"]: r for r in map(json.loads, open(work + "/generated.jsonl"))}
+man = json.load(open(work + "/tokenized/manifest.json"))
+rows = [r for s in man["shards"] for r in pq.read_table(s, columns=["id", "input_ids", "loss_mask"]).to_pylist()]
+def exact(r):
+    p, o = gen[r["id"]]["prompt_token_ids"], gen[r["id"]]["response_token_ids"]
+    return r["input_ids"] == p + o and r["loss_mask"][len(p):] == [1] * len(o)
+print(json.dumps({"rows": len(rows), "distinct": len({r["id"] for r in rows}), "exact": sum(map(exact, rows)),
+                  "with_ids": sum(bool(g.get("prompt_token_ids") and g.get("response_token_ids")) for g in gen.values()),
+                  "tool": sum(bool(gen[r["id"]].get("tools")) for r in rows),
+                  "agent": sum(any(m["role"] == "tool" for m in gen[r["id"]]["messages"]) for r in rows)}))
+"""
 
 
 def reset_pipeline(status: dict) -> None:
@@ -39,3 +60,25 @@ def wait_pipeline_finished(status: dict, timeout: float) -> None:
 def generated_rows(status: dict) -> List[dict]:
     """The rows of generated.jsonl so far."""
     return [json.loads(line) for line in attach(status, "cat", f"{WORK}/generated.jsonl", check=False).stdout.splitlines()]
+
+
+def lab_worker_args(*extra: str) -> str:
+    """Extra vars: the lab inventory's worker arguments, then ``extra`` (the stand-in's argparse: the last wins)."""
+    args = yaml.safe_load(LAB_VARS_FILE.read_text())["sglang_datagen_worker_extra_args"]
+    return json.dumps({"sglang_datagen_worker_extra_args": [*args, *extra]})
+
+
+def play_result(*extra: str) -> PlaybookRun:
+    """The role's converge play (the datagen half alone) on the lab inventory, EXTRA ansible-playbook args."""
+    return run_playbook(CONVERGE, LAB_INVENTORY, args=extra, timeout=800)
+
+
+def play(*extra: str) -> Tuple[str, int]:
+    """The converge play, asserted ok; (its stdout, the number of changed tasks on ct200)."""
+    done = play_result(*extra)
+    recap = re.search(r"ct200\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", done.stdout)
+    # the failing task's first lines, then the tail: a long loop result can push the reason out of the tail
+    fatal = [line[:400] for line in done.stdout.splitlines() if line.startswith(("fatal:", "failed:"))
+             or "UNREACHABLE!" in line][:5]
+    assert done.rc == 0 and recap, "\n".join(fatal) + "\n" + done.stdout[-4000:] + done.stderr[-2000:]
+    return done.stdout, int(recap.group(2))

@@ -150,18 +150,32 @@ def read_until(proc: subprocess.Popen, needle: str, timeout: float = 300) -> str
     raise AssertionError("never saw %r; output:\n%s" % (needle, "".join(seen)[-4000:]))
 
 
+def adhoc_argv(host: str, module: str, module_args: dict, inventory: Optional[PathLike] = LAB_INVENTORY,
+               check: bool = False, options: Sequence[str] = ()) -> List[str]:
+    """``ansible HOST -i INVENTORY OPTIONS -m MODULE -a JSON [--check]`` (INVENTORY None: Ansible's implicit
+    localhost)."""
+    argv = [str(BIN / "ansible"), host, *(["-i", str(inventory)] if inventory is not None else []), *options,
+            "-m", module, "-a", json.dumps(module_args)]
+    return argv + (["--check"] if check else [])
+
+
 def run_adhoc(host: str, module: str, module_args: dict, inventory: Optional[PathLike] = LAB_INVENTORY,
               check: bool = False,
               options: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
               timeout: float = 300) -> subprocess.CompletedProcess:
-    """``ansible HOST -i INVENTORY -m MODULE -a JSON [--check] OPTIONS`` from the checkout (an ad-hoc module run;
-    INVENTORY None: Ansible's implicit localhost)."""
-    argv = [str(BIN / "ansible"), host, *(["-i", str(inventory)] if inventory is not None else []), *options,
-            "-m", module, "-a", json.dumps(module_args)]
-    if check:
-        argv.append("--check")
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT),
-                          env=ansible_env() if env is None else env, check=False)
+    """An ad-hoc module run (:func:`adhoc_argv`) from the checkout, to the end (bounded by TIMEOUT)."""
+    return subprocess.run(adhoc_argv(host, module, module_args, inventory, check, options), capture_output=True,
+                          text=True, timeout=timeout, cwd=str(ROOT), env=ansible_env() if env is None else env,
+                          check=False)
+
+
+def start_adhoc(host: str, module: str, module_args: dict, inventory: Optional[PathLike] = LAB_INVENTORY,
+                options: Sequence[str] = (), env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+    """An ad-hoc module run (:func:`adhoc_argv`) started, not awaited (a test cuts something under it);
+    stdout+stderr on one text pipe."""
+    return subprocess.Popen(adhoc_argv(host, module, module_args, inventory, options=options), cwd=str(ROOT),
+                            env=ansible_env() if env is None else env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
 
 
 def adhoc_json_result(done: subprocess.CompletedProcess, host: str) -> dict:

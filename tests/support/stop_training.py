@@ -8,7 +8,7 @@ vars on top (later ``-e`` wins).
 from __future__ import annotations
 
 import subprocess
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from tests.support.paths import LAB_INVENTORY, ROOT
 from tests.support.playbook import playbook_argv, run_playbook, start_playbook
@@ -50,6 +50,7 @@ def play(extra: Optional[dict] = None, *args: str, timeout: float = 600) -> Tupl
     return run.rc, run.output
 
 
-def start(extra: Optional[dict] = None, *args: str) -> subprocess.Popen:
-    """The repurpose playbook in its own process group (killable like a cancelled AWX job)."""
-    return start_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, _extra(extra), args)
+def start(extra: Optional[dict] = None, *args: str, env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+    """The repurpose playbook in its own process group (killable like a cancelled AWX job); ENV defaults to
+    ``ansible_env()`` (tests/support/playbook.py)."""
+    return start_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, _extra(extra), args, env=env)

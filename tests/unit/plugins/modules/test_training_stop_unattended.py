@@ -15,24 +15,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
+from trainer_harness import MODULE, PYTHON, ROOT, Trainer, module_env, pids_with, read_stat, run_module
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "lab", "trainer"))
-from trainer_harness import (  # noqa: E402
-    MODULE,
-    PYTHON,
-    ROOT,
-    Trainer,
-    module_env,
-    pids_with,
-    read_stat,
-    run_module,
-    wait_for,
-)
-
-from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import describe_previous, outcome_fields  # noqa: E402
+from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import describe_previous, outcome_fields
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,7 +55,7 @@ def test_ladder_finishes_after_its_connection_hangs_up_and_the_rerun_reports_it(
     # the connection dies: nobody reads the module's output any more
     module.stdout.close()
     module.stderr.close()
-    wait_for(lambda: _record(locks).get("state") == "running", 30, what="the ladder to start")
+    wait_for(lambda: _record(locks).get("state") == "running", 30, "the ladder to start", interval=0.02)
     os.kill(module.pid, signal.SIGHUP)  # during the SIGTERM rung (3 s)
     module.wait(timeout=60)
     assert pids_with(stubborn.ckpt_dir) == [], "the job outlived the ladder"

@@ -21,6 +21,7 @@ import typing as t
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
+from tests.support.procfs import descendants, serving_processes
 
 
 def settings(server, **kw) -> _pct_ssh.Settings:
@@ -35,63 +36,9 @@ SLACK_S = 4.0
 FAST = dict(server_alive_interval=1, server_alive_count_max=2)
 
 
-def _tcp_table() -> t.Dict[int, t.Tuple[int, int]]:
-    """Socket inode -> (local port, remote port) for every IPv4 TCP socket."""
-    table = {}
-    with open("/proc/net/tcp") as fh:
-        next(fh)
-        for line in fh:
-            f = line.split()
-            table[int(f[9])] = (int(f[1].split(":")[1], 16), int(f[2].split(":")[1], 16))
-    return table
-
-
-def _socket_inodes(pid: int) -> t.Set[int]:
-    inodes = set()
-    try:
-        names = os.listdir("/proc/%d/fd" % pid)
-    except OSError:
-        return inodes
-    for name in names:
-        try:
-            target = os.readlink("/proc/%d/fd/%s" % (pid, name))
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(int(target[8:-1]))
-    return inodes
-
-
-def _descendants(root: int) -> t.List[int]:
-    children: t.Dict[int, t.List[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open("/proc/%s/stat" % name) as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    out, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def serving_sshd(sshd, client_pid: int) -> t.List[int]:
     """The fixture's sshd processes that hold the server end of CLIENT_PID's connection to it."""
-    table = _tcp_table()
-    client_ports = {table[i][0] for i in _socket_inodes(client_pid) if i in table and table[i][1] == sshd.port}
-    assert len(client_ports) == 1, "expected one connection from pid %d to port %d, got %s" % (client_pid, sshd.port, client_ports)
-    (client_port,) = client_ports
-    found = []
-    for pid in _descendants(sshd.proc.pid):
-        if any(table.get(i) == (sshd.port, client_port) for i in _socket_inodes(pid)):
-            found.append(pid)
-    assert found, "no sshd child of pid %d serves port %d" % (sshd.proc.pid, client_port)
-    return found
+    return serving_processes(client_pid, sshd.port, descendants(sshd.proc.pid))
 
 
 def exited(pid: int) -> bool:

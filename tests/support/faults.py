@@ -1,4 +1,4 @@
-"""Paths and the figures ledger of the fault suite (what was injected, what survived, what was lost)."""
+"""The fault suite's figures ledger (tests/faults): what was injected, what survived, what was lost."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ import threading
 import time
 from typing import Any, Dict, List
 
-from tests.support import datagen_rows as dg_rows  # noqa: F401  (the datagen fixture rows, shared)
-from tests.support.paths import DATAGEN_FILES
-from tests.support.paths import ROOT as _ROOT
-
-ROOT = str(_ROOT)
-FILES = str(DATAGEN_FILES)
 FIGURES = os.environ.get("GPUOPS_FAULTS_FIGURES", "/tmp/gpuops-faults-figures.json")
 
 
