@@ -99,14 +99,14 @@ def _lines(path: Path) -> int:
 def kill_point(stage: str, work: Path) -> Callable[[], bool]:
     """True once ``stage`` has visibly started writing its output (the moment its kill lands)."""
     if stage == "prepare":
-        return lambda: (work / "prepare.spool.jsonl").exists()
+        return (work / "prepare.spool.jsonl").exists
     if stage == "generate":
         return lambda: _lines(work / "generated.jsonl") >= ROWS // 3
     if stage == "tokenize":
         return lambda: bool(glob.glob(str(work / "tokenized.tmp-*")))
     if stage == "merge":
         return lambda: bool(glob.glob(str(work / "merged.tmp-*")))
-    return lambda: (work / "report").is_dir()
+    return (work / "report").is_dir
 
 
 def kill_stage_at(stage: str, cfg: str, reached: Callable[[], bool]) -> Dict[str, object]:

@@ -68,7 +68,7 @@ def test_worker_and_router_sigkilled_mid_generation_systemd_restarts_them(lab, f
         assert attach(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip() \
             == "activating", "generation ended before the kill"
         attach(lab, "systemctl", "kill", "-s", "SIGKILL", "--kill-whom=main", victim)
-        figures.injected("SIGKILL mid-generation: " + victim.split("@")[0].split(".")[0])
+        figures.injected("SIGKILL mid-generation: " + victim.split("@", maxsplit=1)[0].split(".", maxsplit=1)[0])
         # RestartSec: worker 15 s, router 5 s
         wait_for(lambda v=victim, b=before: main_pid(lab, v) not in (0, b), 60, f"{victim} restarted by systemd")
     wait_pipeline_finished(lab, 400)
@@ -102,11 +102,14 @@ def test_ct200_rebooted_mid_pipeline_resumes_after_boot_and_a_finished_one_does_
         mtime = attach(lab, "stat", "-c", "%Y", f"{WORK}/generated.jsonl").stdout.strip()
         rebooted = pve(lab, "pct", "reboot", "200", "--timeout", "60")
         assert rebooted.returncode == 0, rebooted.stderr
-        wait_for(lambda: "exec-condition" in attach(lab, "systemctl", "show", "-p", "Result", "--value",
-                                                      "datagen-pipeline.service", check=False).stdout
-                 or "Skipped" in attach(lab, "journalctl", "-b", "-u", "datagen-pipeline", "--no-pager",
-                                          check=False).stdout,
-                 RESUME_DELAY + 120, "the boot timer's start skipped by the ExecCondition")
+
+        def skipped_by_exec_condition() -> bool:
+            result = attach(lab, "systemctl", "show", "-p", "Result", "--value", "datagen-pipeline.service",
+                            check=False).stdout
+            journal = attach(lab, "journalctl", "-b", "-u", "datagen-pipeline", "--no-pager", check=False).stdout
+            return "exec-condition" in result or "Skipped" in journal
+
+        wait_for(skipped_by_exec_condition, RESUME_DELAY + 120, "the boot timer's start skipped by the ExecCondition")
         assert attach(lab, "stat", "-c", "%Y", f"{WORK}/generated.jsonl").stdout.strip() == mtime
         assert attach(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip() \
             == "inactive"

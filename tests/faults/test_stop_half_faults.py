@@ -235,8 +235,8 @@ def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
     job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
     # a GPU held outside the job keeps gpu_free_wait waiting (the reboot lands in it, not after it)
     if "GPU" in during:
-        ssh.in_ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345"
-              " >/dev/null 2>&1 </dev/null")
+        ssh.in_ct(lab, "sh", "-c",
+                  "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345 >/dev/null 2>&1 </dev/null")
     name = f"CT200 rebooted during {during.split('| ')[1]}"
     t0 = time.monotonic()
     proc = stop.start(dict(FAULT_VARS, stop_training_restart_container=False))
@@ -246,7 +246,7 @@ def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
         rebooted = ssh.on_host(lab, "pct reboot 200 --timeout 30", timeout=300, check=False)
         figures.injected(name)
         assert rebooted.returncode == 0, rebooted.stderr
-        out, _ = proc.communicate(timeout=LADDER_BOUND + 120)
+        out, _err = proc.communicate(timeout=LADDER_BOUND + 120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

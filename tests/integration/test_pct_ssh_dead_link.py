@@ -134,7 +134,7 @@ def test_link_cut_during_sigterm_rung(lab, stubborn, tmp_path, cut):
                 if cut == "sshd_child_frozen":
                     frozen = victims
             cut_at = time.monotonic()
-            out, _ = run.communicate(timeout=BOUND_S + SLACK_S)
+            out, _err = run.communicate(timeout=BOUND_S + SLACK_S)
             detected_in = time.monotonic() - cut_at
         finally:
             if run.poll() is None:
@@ -166,14 +166,14 @@ def test_link_cut_during_sigterm_rung(lab, stubborn, tmp_path, cut):
                 os.kill(victim, signal.SIGCONT)
 
         rerun = adhoc(env, ARGS)
-        out, _ = rerun.communicate(timeout=300)
+        out, _err = rerun.communicate(timeout=300)
         state, result = result_of(out)
         assert state == "SUCCESS" and not result["changed"] and result["selected"] == [], out
         assert result["previous"]["pid"] == record["pid"] and result["previous"]["stopped_by"] == "SIGKILL"
         note = [n for n in result["notes"] if n.startswith("nothing selected now; ")]
         assert note and "stopped the job with SIGKILL" in note[0] and "training_stop pid %d" % record["pid"] in note[0], result
         again = adhoc(env, ARGS)
-        out, _ = again.communicate(timeout=300)
+        out, _err = again.communicate(timeout=300)
         state, result = result_of(out)
         assert state == "SUCCESS" and not result["changed"] and result["selected"] == [] and result["rungs"] == [], out
         for sock in glob.glob(os.path.join(control_dir, "*.sock")):
@@ -205,7 +205,7 @@ def test_role_rerun_reports_the_ladder_its_dead_link_left_running(lab, stubborn,
             _client, pid = master_pid(str(tmp_path / "cp"))
             for victim in serving_sshd(lab, pid):
                 os.kill(victim, signal.SIGKILL)
-            out, _ = play.communicate(timeout=BOUND_S + SLACK_S + 60)  # + the role's own end tasks
+            out, _err = play.communicate(timeout=BOUND_S + SLACK_S + 60)  # + the role's own end tasks
         finally:
             if play.poll() is None:
                 os.killpg(play.pid, signal.SIGKILL)
@@ -217,7 +217,7 @@ def test_role_rerun_reports_the_ladder_its_dead_link_left_running(lab, stubborn,
         assert record["stopped_by"] == "SIGKILL", record
 
         rerun = playbook(env)
-        out, _ = rerun.communicate(timeout=600)
+        out, _err = rerun.communicate(timeout=600)
         assert rerun.returncode == 0, out[-4000:]
         assert "Stopped: nothing, no process was selected" in out
         flat = re.sub(r"\s+", " ", out)  # the yaml callback wraps long summary lines
@@ -226,7 +226,7 @@ def test_role_rerun_reports_the_ladder_its_dead_link_left_running(lab, stubborn,
         assert summary and int(summary.group(1)) == record["pid"], out[-4000:]
         assert int(summary.group(2)) == record["stopped_count"]
         again = playbook(env)
-        out2, _ = again.communicate(timeout=600)
+        out2, _err = again.communicate(timeout=600)
         assert again.returncode == 0 and recap(out2)["changed"] == 0, out2[-4000:]
         assert "stopped the job with SIGKILL" in re.sub(r"\s+", " ", out2)  # the same earlier run, reported again
         for sock in glob.glob(os.path.join(str(tmp_path / "cp"), "*.sock")):

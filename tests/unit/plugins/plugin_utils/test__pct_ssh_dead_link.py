@@ -30,6 +30,7 @@ def settings(server, **kw) -> _pct_ssh.Settings:
         known_hosts_file=server.known_hosts, connect_timeout=5, **kw,
     )
 
+
 # the command loop checks the channel once a second; the rest is scheduling slack on a loaded 2-core CI box
 NOTICE_S = 1.0
 SLACK_S = 4.0
