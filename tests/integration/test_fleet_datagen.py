@@ -63,6 +63,13 @@ def served(url: str) -> float:
     return float(re.search(r"^standin_ok_total (\S+)$", text, re.M).group(1))
 
 
+def worker_invocation(lab: dict, vmid: str, index: int) -> str:
+    """systemd's InvocationID of worker INDEX in container VMID: a new one means the worker (and its counters)
+    started afresh."""
+    return in_ct(lab, vmid, "systemctl", "show", "-p", "InvocationID", "--value",
+                 f"sglang-datagen-worker@{index}.service").stdout.strip()
+
+
 def api_key(lab: dict) -> str:
     return in_ct(lab, "200", "cat", "/opt/datagen/api-key").stdout.strip()
 
@@ -98,8 +105,9 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
     for vmid in (MAIN_CT, NODE2_CT):
         trainer("graceful", vmid)
     reset_pipelines(fleet)
-    before = {url: served(url) if http(url + "/health")[0] == 200 else 0.0
-              for urls in NODE_WORKERS.values() for url in urls}
+    # a worker the play restarts (its unit changed since an earlier run) counts from 0 again
+    before = {url: (worker_invocation(fleet, vmid, i), served(url) if http(url + "/health")[0] == 200 else 0.0)
+              for vmid, urls in NODE_WORKERS.items() for i, url in enumerate(urls)}
     done = play()
     out = done.output
     # the stop half on both nodes, then the fleet summary
@@ -122,7 +130,8 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
     assert status == 200, body
     listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
     assert listed == {url: True for urls in NODE_WORKERS.values() for url in urls}, listed
-    per_node = {vmid: sum(served(url) - before[url] for url in urls) for vmid, urls in NODE_WORKERS.items()}
+    per_node = {vmid: sum(served(url) - (before[url][1] if before[url][0] == worker_invocation(fleet, vmid, i) else 0.0)
+                          for i, url in enumerate(urls)) for vmid, urls in NODE_WORKERS.items()}
     assert per_node["200"] > 0 and per_node["210"] > 0, per_node
     # one pipeline: every prepared id exactly once, and no dataset on the second node
     prompts, ids = prompt_ids(fleet), generated_ids(fleet)
