@@ -15,28 +15,24 @@ when the second node is not up.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "tests" / "lab" / "lab"
-BIN = Path(sys.executable).parent
-PLAYBOOK = ROOT / "playbooks" / "repurpose_ct200.yml"
-INVENTORY = ROOT / "inventories" / "lab-fleet"
-LAB_VARS = ROOT / "inventories" / "lab" / "group_vars" / "training_containers.yml"
-WORK = "/srv/datagen/work"
+from tests.support.datagen import LAB_VARS_FILE, WORK, generated_rows, reset_pipeline, wait_pipeline_finished
+from tests.support.lab import MAIN_CT, NODE2_CT, lab_status, trainer
+from tests.support.paths import FLEET_INVENTORY
+from tests.support.playbook import PlaybookRun, run_playbook
+from tests.support.ssh import attach
+from tests.support.stop_training import REPURPOSE_PLAYBOOK
+
 NODE_WORKERS = {
-    "200": [f"http://127.0.0.1:{31000 + i}" for i in range(8)],
-    "210": [f"http://127.0.0.2:{31000 + i}" for i in range(8)],
+    MAIN_CT: [f"http://127.0.0.1:{31000 + i}" for i in range(8)],
+    NODE2_CT: [f"http://127.0.0.2:{31000 + i}" for i in range(8)],
 }
 ROUTER = "http://127.0.0.1:30000"
 FAST = {"stop_training_ladder": [{"signal": "SIGINT", "via": "tmux", "timeout": 20}, {"signal": "SIGKILL", "timeout": 5}]}
@@ -44,21 +40,9 @@ FAST = {"stop_training_ladder": [{"signal": "SIGINT", "via": "tmux", "timeout": 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet, pytest.mark.timeout(1200)]
 
 
-def lab_status() -> dict:
-    res = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-    try:
-        return json.loads(res.stdout)
-    except ValueError:
-        return {}
-
-
 def in_ct(lab: dict, vmid: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    """A command inside a container, straight through lxc-attach (the lab's own path, not the code under test)."""
-    done = subprocess.run(["lxc-attach", "-P", lab["lxcpath"], "-n", vmid, "--", *argv],
-                          capture_output=True, text=True, timeout=120, check=False)
-    if check and done.returncode != 0:
-        raise AssertionError(f"CT{vmid} {argv}: rc={done.returncode} {done.stderr}")
-    return done
+    """A command inside container VMID straight through lxc-attach (the lab's own path, not the code under test)."""
+    return attach(lab, *argv, vmid=vmid, timeout=120, check=check)
 
 
 def http(url: str, key: str | None = None, body: dict | None = None) -> tuple[int, str]:
@@ -79,76 +63,53 @@ def served(url: str) -> float:
     return float(re.search(r"^standin_ok_total (\S+)$", text, re.M).group(1))
 
 
+def worker_invocation(lab: dict, vmid: str, index: int) -> str:
+    """systemd's InvocationID of worker INDEX in container VMID: a new one means the worker (and its counters)
+    started afresh."""
+    return in_ct(lab, vmid, "systemctl", "show", "-p", "InvocationID", "--value",
+                 f"sglang-datagen-worker@{index}.service").stdout.strip()
+
+
 def api_key(lab: dict) -> str:
     return in_ct(lab, "200", "cat", "/opt/datagen/api-key").stdout.strip()
 
 
 def worker_args(*extra: str) -> dict:
-    args = yaml.safe_load(LAB_VARS.read_text())["sglang_datagen_worker_extra_args"]
+    args = yaml.safe_load(LAB_VARS_FILE.read_text())["sglang_datagen_worker_extra_args"]
     return {"sglang_datagen_worker_extra_args": [*args, *extra]}
 
 
-def play(*args: str, extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1")
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *args, str(PLAYBOOK), "-e", json.dumps(FAST)]
-    if extra:
-        cmd += ["-e", json.dumps(extra)]
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+def play(*args: str, extra: dict | None = None) -> PlaybookRun:
+    """The repurpose playbook on the two-node lab's inventory with ``FAST``, then EXTRA, then ARGS; it must pass."""
+    done = run_playbook(REPURPOSE_PLAYBOOK, FLEET_INVENTORY, [FAST] + ([extra] if extra else []), args, timeout=900)
     fatal = [line[:400] for line in done.stdout.splitlines() if line.startswith(("fatal:", "failed:"))][:5]
-    assert done.returncode == 0, "\n".join(fatal) + "\n" + done.stdout[-5000:] + done.stderr[-2000:]
+    assert done.rc == 0, "\n".join(fatal) + "\n" + done.stdout[-5000:] + done.stderr[-2000:]
     return done
 
 
-def reset_pipeline(lab: dict) -> None:
-    for vmid in ("200", "210"):
-        in_ct(lab, vmid, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl",
-              f"{WORK}/generate.progress.json", f"{WORK}/generate.errors.jsonl", f"{WORK}/tokenized",
-              f"{WORK}/merged", f"{WORK}/report")
-
-
-def wait_pipeline_finished(lab: dict, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        state = in_ct(lab, "200", "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
-        marker = in_ct(lab, "200", "test", "-s", f"{WORK}/pipeline.done", check=False).returncode == 0
-        if state in ("inactive", "failed") and marker:
-            return
-        journal = in_ct(lab, "200", "journalctl", "-u", "datagen-pipeline", "--no-pager", "-n", "40", check=False)
-        assert state != "failed", journal.stdout
-        assert time.monotonic() < deadline, f"pipeline still {state}: {journal.stdout}"
-        time.sleep(1)
+def reset_pipelines(lab: dict) -> None:
+    """No finished marker nor generated rows on either node (the tests then prove CT210 never gets any)."""
+    for vmid in (MAIN_CT, NODE2_CT):
+        reset_pipeline(lab, vmid)
 
 
 def generated_ids(lab: dict) -> list[str]:
-    out = in_ct(lab, "200", "cat", f"{WORK}/generated.jsonl", check=False).stdout
-    return [json.loads(line)["id"] for line in out.splitlines()]
+    return [row["id"] for row in generated_rows(lab)]
 
 
 def prompt_ids(lab: dict) -> list[str]:
     return [json.loads(line)["id"] for line in in_ct(lab, "200", "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()]
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root")
-    status = lab_status()
-    if not status.get("up") or status.get("nodes", 1) < 2:
-        pytest.skip("the two-node lab is not up (run: tests/lab/lab up --nodes 2)")
-    yield status
-    for ct in ("200", "210"):
-        subprocess.run([str(LAB), "trainer", "graceful", "--ct", ct], capture_output=True, timeout=300, check=False)
-
-
 def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
-    for ct in ("200", "210"):
-        subprocess.run([str(LAB), "trainer", "graceful", "--ct", ct], capture_output=True, timeout=300, check=True)
-    reset_pipeline(fleet)
-    before = {url: served(url) if http(url + "/health")[0] == 200 else 0.0
-              for urls in NODE_WORKERS.values() for url in urls}
+    for vmid in (MAIN_CT, NODE2_CT):
+        trainer("graceful", vmid)
+    reset_pipelines(fleet)
+    # a worker the play restarts (its unit changed since an earlier run) counts from 0 again
+    before = {url: (worker_invocation(fleet, vmid, i), served(url) if http(url + "/health")[0] == 200 else 0.0)
+              for vmid, urls in NODE_WORKERS.items() for i, url in enumerate(urls)}
     done = play()
-    out = done.stdout + done.stderr
+    out = done.output
     # the stop half on both nodes, then the fleet summary
     assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
     assert "RESULT: CT 210 on lab-pve2: training stopped, GPUs free." in out
@@ -169,7 +130,8 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
     assert status == 200, body
     listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
     assert listed == {url: True for urls in NODE_WORKERS.values() for url in urls}, listed
-    per_node = {vmid: sum(served(url) - before[url] for url in urls) for vmid, urls in NODE_WORKERS.items()}
+    per_node = {vmid: sum(served(url) - (before[url][1] if before[url][0] == worker_invocation(fleet, vmid, i) else 0.0)
+                          for i, url in enumerate(urls)) for vmid, urls in NODE_WORKERS.items()}
     assert per_node["200"] > 0 and per_node["210"] > 0, per_node
     # one pipeline: every prepared id exactly once, and no dataset on the second node
     prompts, ids = prompt_ids(fleet), generated_ids(fleet)
@@ -205,7 +167,7 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
 def test_losing_the_second_node_mid_run_still_finishes_and_a_rerun_restores_it(fleet):
     """CT210's workers all stop mid-generation: the router sends everything to CT200's; every id once. A re-run
     of the playbook starts CT210's workers again and the router routes to them again."""
-    reset_pipeline(fleet)
+    reset_pipelines(fleet)
     # slow workers (10 s a request, 16 in flight: about 60 s for the 100 rows), so the loss lands mid-generation
     play(extra=worker_args("--latency", "10"))
     key = api_key(fleet)

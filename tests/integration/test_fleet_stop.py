@@ -14,18 +14,15 @@ Skipped with the reason when the second node is not up.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-LAB = ROOT / "tests" / "lab" / "lab"
-BIN = Path(sys.executable).parent
-PLAYBOOK = ROOT / "playbooks" / "repurpose_ct200.yml"
-INVENTORY = ROOT / "inventories" / "lab-fleet"
+from tests.support.lab import MAIN_CT, NODE2_CT, lab_status, trainer
+from tests.support.paths import FLEET_INVENTORY
+from tests.support.playbook import PlaybookRun, recap, run_playbook
+from tests.support.ssh import on_host
+from tests.support.stop_training import REPURPOSE_PLAYBOOK
+
 LADDER = [
     {"signal": "SIGINT", "via": "tmux", "timeout": 20},
     {"signal": "SIGTERM", "timeout": 10},
@@ -36,48 +33,19 @@ FAST = {"repurpose_datagen": False, "stop_training_gpu_timeout": 30}
 pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet, pytest.mark.timeout(900)]
 
 
-def lab_status() -> dict:
-    res = subprocess.run([str(LAB), "status"], capture_output=True, text=True, timeout=60, check=False)
-    try:
-        return json.loads(res.stdout)
-    except ValueError:
-        return {}
-
-
-def trainer(behaviour: str, ct: str) -> dict:
-    res = subprocess.run([str(LAB), "trainer", behaviour, "--ct", ct], capture_output=True, text=True,
-                         timeout=300, check=False)
-    assert res.returncode == 0, res.stderr[-2000:]
-    return json.loads(res.stdout)
-
-
 def trainers(status: dict) -> dict[str, dict]:
-    return {"200": status["trainer"], "210": status["node2"]["trainer"]}
+    return {MAIN_CT: status["trainer"], NODE2_CT: status["node2"]["trainer"]}
 
 
 def host_gpus(status: dict, port: int) -> list[int]:
     """MiB used per GPU, from the nvidia-smi of the PVE host on ``port`` (each lab host shows its own GPUs)."""
-    res = subprocess.run(status["ssh"][:-2] + ["-p", str(port), "root@127.0.0.1",
-                                               "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=60, check=True)
-    return [int(line) for line in res.stdout.split()]
+    done = on_host(status, "nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits", port=port, timeout=60)
+    return [int(line) for line in done.stdout.split()]
 
 
-def play(*args: str, extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1")
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(INVENTORY), *args, str(PLAYBOOK), "-e", json.dumps(FAST)]
-    if extra:
-        cmd += ["-e", json.dumps(extra)]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-
-
-def recap(out: str, host: str) -> dict[str, int]:
-    import re
-
-    m = re.search(r"^%s\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)" % re.escape(host), out, re.M)
-    assert m, "no recap for %s in:\n%s" % (host, out[-3000:])
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups())))
+def play(*args: str, extra: dict | None = None) -> PlaybookRun:
+    """The repurpose playbook on the two-node lab's inventory with ``FAST``, then EXTRA, then ARGS."""
+    return run_playbook(REPURPOSE_PLAYBOOK, FLEET_INVENTORY, [FAST] + ([extra] if extra else []), args)
 
 
 def fleet_lines(out: str) -> list[str]:
@@ -100,26 +68,13 @@ def fleet_lines(out: str) -> list[str]:
     return items
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root")
-    status = lab_status()
-    if not status.get("up") or status.get("nodes", 1) < 2:
-        pytest.skip("the two-node lab is not up (run: tests/lab/lab up --nodes 2)")
-    yield status
-    # Leave both nodes as the other suites expect them: the graceful trainers running.
-    for ct in ("200", "210"):
-        subprocess.run([str(LAB), "trainer", "graceful", "--ct", ct], capture_output=True, timeout=300, check=False)
-
-
 def test_both_nodes_are_stopped_in_one_run_with_a_fleet_summary(fleet):
-    for ct in ("200", "210"):
-        trainer("graceful", ct)
+    for vmid in (MAIN_CT, NODE2_CT):
+        trainer("graceful", vmid)
     assert all(max(host_gpus(fleet, port)) > 1000 for port in (fleet["port"], fleet["node2"]["port"]))
     done = play(extra={"stop_training_ladder": LADDER})
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, out[-4000:]
+    out = done.output
+    assert done.rc == 0, out[-4000:]
     # each container its own plan and summary, through its own PVE host
     assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
     assert "RESULT: CT 210 on lab-pve2: training stopped, GPUs free." in out
@@ -141,8 +96,8 @@ def test_both_nodes_are_stopped_in_one_run_with_a_fleet_summary(fleet):
 def test_a_failing_container_never_stops_the_other_and_limit_reruns_it(fleet, tmp_path):
     """CT210's trainer ignores Ctrl-C and SIGTERM and its ladder has no SIGKILL: it fails; CT200 is stopped
     all the same; the summary names the failure and the --limit; a re-run with --limit ct210 stops only it."""
-    trainer("graceful", "200")
-    stubborn = trainer("stubborn", "210")
+    trainer("graceful", MAIN_CT)
+    stubborn = trainer("stubborn", NODE2_CT)
     # per-host ladders (an -e would override both): CT210's stops at SIGTERM
     ladders = tmp_path / "ladders.yml"
     ladders.write_text(json.dumps({"training_containers": {"hosts": {
@@ -151,8 +106,8 @@ def test_a_failing_container_never_stops_the_other_and_limit_reruns_it(fleet, tm
                                            {"signal": "SIGTERM", "timeout": 3}]},
     }}}))
     done = play("-i", str(ladders))
-    out = done.stdout + done.stderr
-    assert done.returncode != 0, out[-4000:]
+    out = done.output
+    assert done.rc != 0, out[-4000:]
     assert recap(out, "ct200")["failed"] == 0 and recap(out, "ct210")["failed"] == 1
     assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
     status = lab_status()
@@ -166,8 +121,8 @@ def test_a_failing_container_never_stops_the_other_and_limit_reruns_it(fleet, tm
     assert "Re-run just these: ansible-playbook ... --limit ct210" in lines
     # the re-run of just the failed one, with a ladder that ends it
     again = play("--limit", "ct210", extra={"stop_training_ladder": LADDER})
-    out2 = again.stdout + again.stderr
-    assert again.returncode == 0, out2[-4000:]
+    out2 = again.output
+    assert again.rc == 0, out2[-4000:]
     assert "ct200" not in out2.split("PLAY RECAP")[1]
     assert "RESULT: CT 210 on lab-pve2: training stopped, GPUs free." in out2
     lines2 = fleet_lines(out2)

@@ -36,10 +36,10 @@ print(json.dumps({"rows": len(rows), "distinct": len({r["id"] for r in rows}), "
 """
 
 
-def reset_pipeline(status: dict) -> None:
-    """A pipeline that must run again: no finished marker, no generated rows."""
+def reset_pipeline(status: dict, vmid: str = "200") -> None:
+    """A pipeline that must run again in container VMID: no finished marker, no generated rows."""
     attach(status, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json",
-           f"{WORK}/generate.errors.jsonl", f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report")
+           f"{WORK}/generate.errors.jsonl", f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report", vmid=vmid)
 
 
 def wait_pipeline_finished(status: dict, timeout: float) -> None:

@@ -22,6 +22,8 @@ import pytest
 from tests.support.paths import LAB_CLI
 
 MAIN_CT = "200"
+# the second lab node's GPU container (`tests/lab/lab up --nodes 2`)
+NODE2_CT = "210"
 DEFAULT_BEHAVIOUR = "graceful"
 
 
@@ -65,6 +67,42 @@ def require_lab() -> dict:
     return status
 
 
+def fleet_skip_reason(status: Optional[dict], euid: Optional[int] = None) -> Optional[str]:
+    """Why a two-node (fleet) lab test cannot run, or None when it can: the one lab rule
+    (:func:`skip_reason`), then the second node up (``nodes`` 2) with its container CT210 running."""
+    reason = skip_reason(status, euid)
+    if reason:
+        return reason
+    assert status is not None
+    node2 = status.get("node2") or {}
+    if status.get("nodes", 1) < 2 or node2.get("containers", {}).get(NODE2_CT) != "running":
+        return "the two-node lab is not up with CT%s running (run: tests/lab/lab up --nodes 2 as root)" % NODE2_CT
+    return None
+
+
+def lab_owned() -> bool:
+    """The run owns the lab (``GPUOPS_LAB_CYCLE=1``, as scripts/test sets in CI): it may take it down and up."""
+    return os.environ.get("GPUOPS_LAB_CYCLE") == "1"
+
+
+def require_fleet() -> dict:
+    """The two-node lab's status. When only the one-node lab is up and the run owns the lab
+    (:func:`lab_owned`), the second node is brought up here (it stays up); otherwise the calling test is
+    skipped with the reason (see :func:`fleet_skip_reason`)."""
+    status = lab_status()
+    reason = fleet_skip_reason(status)
+    if reason and skip_reason(status) is None and lab_owned():
+        done = lab_cli("up", "--nodes", "2", timeout=900)
+        assert done.returncode == 0, "tests/lab/lab up --nodes 2: %s%s" % (done.stdout[-2000:], done.stderr[-2000:])
+        status = lab_status()
+        reason = fleet_skip_reason(status)
+        assert reason is None, reason
+    if reason:
+        pytest.skip(reason)
+    assert status is not None
+    return status
+
+
 def require_stopped(status: dict, vmid: str = "201") -> None:
     """Skip the calling test unless container VMID is stopped, as the lab leaves CT201 (another test may run it)."""
     if status.get("containers", {}).get(vmid) != "stopped":
@@ -76,16 +114,22 @@ def lab_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([str(LAB_CLI), *args], capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def trainer(behaviour: str = DEFAULT_BEHAVIOUR) -> dict:
-    """(Re)start CT200's dflash trainer with BEHAVIOUR; the lab waits for its step lines. Its trainer status."""
-    done = lab_cli("trainer", behaviour)
+def _trainer_args(behaviour: str, vmid: str) -> list:
+    return ["trainer", behaviour] + ([] if vmid == MAIN_CT else ["--ct", vmid])
+
+
+def trainer(behaviour: str = DEFAULT_BEHAVIOUR, vmid: str = MAIN_CT) -> dict:
+    """(Re)start container VMID's dflash trainer (CT210: the second node's) with BEHAVIOUR; the lab waits for its
+    step lines. Its trainer status."""
+    done = lab_cli(*_trainer_args(behaviour, vmid))
     assert done.returncode == 0, done.stderr + done.stdout
     return json.loads(done.stdout)
 
 
-def restore_trainer() -> None:
-    """Leave the lab as other suites expect it: the default trainer running (best effort, at teardown)."""
-    lab_cli("trainer", DEFAULT_BEHAVIOUR)
+def restore_trainer(vmid: str = MAIN_CT) -> None:
+    """Leave the lab as other suites expect it: container VMID's default trainer running (best effort, at
+    teardown)."""
+    lab_cli(*_trainer_args(DEFAULT_BEHAVIOUR, vmid))
 
 
 @contextlib.contextmanager

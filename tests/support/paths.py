@@ -19,6 +19,8 @@ LAB_DIR = TESTS / "lab"
 LAB_CLI = LAB_DIR / "lab"
 PLAYBOOKS = TESTS / "integration" / "playbooks"
 LAB_INVENTORY = ROOT / "inventories" / "lab"
+# the two-node lab (`tests/lab/lab up --nodes 2`): CT200 behind port 2222, CT210 behind port 2223
+FLEET_INVENTORY = ROOT / "inventories" / "lab-fleet"
 ANSIBLE_CFG = ROOT / "ansible.cfg"
 COLLECTIONS = ROOT / ".collections"
 DATAGEN_FILES = ROOT / "roles" / "sglang_datagen" / "files"

@@ -9,29 +9,30 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from typing import List, Union
+from typing import List, Optional, Union
 
 SSH_OPTIONS = ("-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                "-o", "ConnectTimeout=10")
 
 
-def ssh_argv(status: dict, user: str = "root") -> List[str]:
-    """OpenSSH's argv up to and including USER@HOST for the lab's PVE host; append one remote command string.
+def ssh_argv(status: dict, user: str = "root", port: Optional[int] = None) -> List[str]:
+    """OpenSSH's argv up to and including USER@HOST for the lab's PVE host (PORT: another lab PVE host's, as
+    the second node's ``status["node2"]["port"]``); append one remote command string.
 
     No ssh_config is read (``-F /dev/null``): the lab's key and known_hosts only, never the caller's.
     """
     return ["ssh", "-F", "/dev/null", "-i", status["key"], "-o", "UserKnownHostsFile=" + status["known_hosts"],
-            *SSH_OPTIONS, "-p", str(status["port"]), "%s@%s" % (user, status["host"])]
+            *SSH_OPTIONS, "-p", str(port or status["port"]), "%s@%s" % (user, status["host"])]
 
 
 def on_host(status: dict, *command: Union[str, List[str]], user: str = "root", timeout: float = 120,
-            check: bool = True) -> subprocess.CompletedProcess:
-    """COMMAND on the PVE host as USER: one string is shell text as is; several strings, or one list, are an
+            check: bool = True, port: Optional[int] = None) -> subprocess.CompletedProcess:
+    """COMMAND on the PVE host (PORT: see :func:`ssh_argv`) as USER: one string is shell text as is; several strings, or one list, are an
     argv quoted once (ssh hands the remote shell one string). With CHECK, rc 0 is asserted."""
     if len(command) == 1 and isinstance(command[0], (list, tuple)):  # an argv passed as one list
         command = tuple(command[0])
     remote = command[0] if len(command) == 1 and isinstance(command[0], str) else shlex.join(command)
-    done = subprocess.run(ssh_argv(status, user) + [remote], capture_output=True, text=True, timeout=timeout,
+    done = subprocess.run(ssh_argv(status, user, port) + [remote], capture_output=True, text=True, timeout=timeout,
                           check=False)
     if check:
         assert done.returncode == 0, "%s on the PVE host: rc %s %s%s" % (

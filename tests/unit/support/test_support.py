@@ -9,7 +9,7 @@ import pytest
 
 from tests.support import paths
 from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
-from tests.support.lab import skip_reason
+from tests.support.lab import fleet_skip_reason, skip_reason
 from tests.support.playbook import playbook_argv, playbook_path, recap, task_results
 
 UP = {"up": True, "containers": {"200": "running", "201": "stopped"}}
@@ -26,6 +26,24 @@ STATUS = {"host": "127.0.0.1", "port": 2222, "key": "/lab/id", "known_hosts": "/
 ])
 def test_one_skip_rule_root_status_up_and_ct200_running(status, euid, reason):
     got = skip_reason(status, euid=euid)
+    assert got is None if reason is None else reason in got
+
+
+FLEET = dict(UP, nodes=2, node2={"up": True, "containers": {"210": "running"}})
+
+
+@pytest.mark.parametrize(("status", "euid", "reason"), [
+    (FLEET, 0, None),
+    (FLEET, 1000, "needs root"),
+    (None, 0, "gave no status"),
+    (dict(FLEET, up=False), 0, "not up"),
+    (UP, 0, "two-node lab is not up"),
+    (dict(UP, nodes=1, node2={"up": False, "containers": {"210": "running"}}), 0, "two-node lab is not up"),
+    (dict(FLEET, node2={"up": True, "containers": {"210": "stopped"}}), 0, "CT210 running"),
+    (dict(FLEET, node2=None), 0, "CT210 running"),
+])
+def test_fleet_skip_rule_is_the_lab_rule_then_node2_up_with_ct210_running(status, euid, reason):
+    got = fleet_skip_reason(status, euid=euid)
     assert got is None if reason is None else reason in got
 
 
