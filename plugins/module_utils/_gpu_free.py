@@ -94,7 +94,7 @@ def wait_free(p: t.Mapping[str, t.Any], check_mode: bool = False,
         call_timeout = min(30.0, max(5.0, p["timeout"]))
         # O(timeout) is the whole wait: a call to a hung nvidia-smi started late never runs past it
         backend = open_backend(p["backend"], p["nvidia_smi_path"],
-                               call_timeout=lambda: max(0.5, min(call_timeout, waiter.remaining())))
+                               call_timeout=lambda: round(max(0.5, min(call_timeout, waiter.remaining())), 1))
         last_discount: dict[str, int] = {}
 
         def free_fn(sample: Sample) -> tuple[bool, dict[int, int]]:
