@@ -54,6 +54,8 @@ def http(url: str, key: str | None = None, body: dict | None = None) -> tuple[in
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+    except urllib.error.URLError as exc:  # nothing listening yet (a node whose workers never started): status 0
+        return 0, str(exc.reason)
 
 
 def served(url: str) -> float:
