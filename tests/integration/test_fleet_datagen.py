@@ -192,8 +192,5 @@ def test_losing_the_second_node_mid_run_still_finishes_and_a_rerun_restores_it(f
 
 
 def _answers(url: str) -> bool:
-    try:
-        http(url + "/health")
-        return True
-    except OSError:
-        return False
+    """Something listens at URL (any HTTP status; 0 means the connection was refused or timed out)."""
+    return http(url + "/health")[0] != 0
