@@ -37,7 +37,11 @@ print(json.dumps({"rows": len(rows), "distinct": len({r["id"] for r in rows}), "
 
 
 def reset_pipeline(status: dict, vmid: str = "200") -> None:
-    """A pipeline that must run again in container VMID: no finished marker, no generated rows."""
+    """A pipeline that must run again in container VMID: no finished marker, no generated rows.
+
+    A pipeline still running (an earlier test's, or one the resume timer started at boot) is stopped
+    first, so it cannot write into the files removed here."""
+    attach(status, "systemctl", "stop", "datagen-pipeline.timer", "datagen-pipeline.service", vmid=vmid, check=False)
     attach(status, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json",
            f"{WORK}/generate.errors.jsonl", f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report", vmid=vmid)
 
