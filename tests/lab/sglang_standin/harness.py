@@ -14,7 +14,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import IO, Any, Dict, List, NamedTuple, Optional
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin.py")
 # one Prometheus sample line: the name, its labels (dropped), the value
@@ -77,6 +77,19 @@ def read_metrics(metrics_url: str, timeout: float = 5.0) -> Dict[str, float]:
     return parse_metrics(reply.text)
 
 
+def stop_process(proc: Optional[subprocess.Popen], log: Optional[IO[bytes]], grace: float) -> None:
+    """SIGTERM the process this harness started (only it), SIGKILL after ``grace`` seconds; close its log."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    if log is not None:
+        log.close()
+
+
 class StandinProcess:
     """``with StandinProcess(["--fail-rate", "0.2"]) as s: s.url``; stops only the process it started."""
 
@@ -115,15 +128,7 @@ class StandinProcess:
         return read_metrics(self.url + "/metrics")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if getattr(self, "_log", None):
-            self._log.close()
+        stop_process(self.proc, getattr(self, "_log", None), grace=10.0)
 
     def __enter__(self) -> StandinProcess:
         return self.start()
@@ -244,15 +249,7 @@ class RouterProcess:
             return fh.read()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if getattr(self, "_log", None):
-            self._log.close()
+        stop_process(self.proc, getattr(self, "_log", None), grace=15.0)
 
     def __enter__(self) -> RouterProcess:
         return self.start()
