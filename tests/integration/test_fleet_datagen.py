@@ -175,5 +175,5 @@ def test_losing_the_second_node_mid_run_still_finishes_and_a_rerun_restores_it(f
 
 
 def _answers(url: str) -> bool:
-    """Something listens at URL (any HTTP status; 0 means the connection was refused or timed out)."""
+    """Something listens at URL (any HTTP status; 0 means no HTTP answer: refused, dropped or timed out)."""
     return http(url + "/health")[0] != 0
