@@ -9,21 +9,18 @@ time. Standard library only (it runs on targets).
 
 :func:`stop_job` takes the run lock, snapshots the selection (``_select``),
 checks the GPU holders (``_gpu_holders``), climbs the ladder (``_ladder``,
-Ctrl-C through ``_tmux``) and records its outcome (``_runlock``). The module
-only parses options and hands the result to ``exit_json``/``fail_json``.
+Ctrl-C through ``_tmux``) and records its outcome (``_runlock``). What it reads
+about the job and the host is in ``_stop_job_scan``; the result's keys and every
+message it returns are built in ``_stop_job_report``. The module only parses
+options and hands the result to ``exit_json``/``fail_json``.
 """
 
 from __future__ import annotations
 
-import fcntl
-import math
 import os
-import pwd
 import time
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import classify_holders, scan_holders
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     LadderError,
     ProcessSet,
@@ -39,7 +36,6 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
     RunLock,
     RunLockError,
     describe_holder,
-    describe_previous,
     lock_key,
     outcome_fields,
     shield_from_hangup,
@@ -48,125 +44,34 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     Member,
     SelectError,
     Selection,
-    command_of,
     compile_regex,
     late_children,
-    read_tpgid,
     snapshot,
     torchrun_shutdown_timeout,
 )
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_report import (
+    LOCK_KEY_OPTIONS,
+    SELECTORS,
+    check_numbers,
+    diff_lines,
+    fill_outcome,
+    holders_text,
+    member_dict,
+    new_result,
+    orphans_message,
+    previous_note,
+    selection_text,
+    survivors_failure,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_scan import (
+    gpu_holders,
+    launchers_first,
+    locked_elsewhere,
+    root_groups,
+)
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import send_ctrl_c, tmux_panes, tmux_step
 
-SELECTORS = ("pids", "pid_file", "match", "tmux_session", "container")
-# one ladder at a time per container and selection: these options make the lock's key
-LOCK_KEY_OPTIONS = ("pids", "pid_file", "match", "tmux_session", "tmux_socket", "container", "gpu_devices")
-
-
-def new_result() -> dict[str, t.Any]:
-    """Every key the module returns, before anything was looked at."""
-    return dict(changed=False, selected=[], plan=[], rungs=[], stopped_by=None, stopped_by_index=None,
-                survivors=[], unkillable=[], late_children=[], notes=[], left_out=[], gpu_holders=[], previous=None,
-                lock_waited=0.0, pidfd=False, elapsed=0.0)
-
-
-def check_numbers(params: t.Mapping[str, t.Any]) -> str | None:
-    """The message for the first numeric option out of range, None when all are fine."""
-    for option in ("max_grace", "kill_timeout", "progress_stall"):
-        value = params[option]
-        if value is None or not math.isfinite(value) or value < 0:
-            return "%s: must be a finite number of seconds >= 0, got %r" % (option, value)
-    for pid in params["pids"] or []:
-        if pid <= 0:
-            return "pids: %r is not a PID; give positive integers" % pid
-    if params["container"] is not None and params["container"] < 100:
-        return "container: %r is not a Proxmox VMID (100 or more)" % params["container"]
-    if params["tmux_session"] is not None and not params["tmux_session"].strip():
-        return "tmux_session: must be a session name, got an empty string"
-    return None
-
-
-def user_name(uid: int | None) -> str | None:
-    if uid is None:
-        return None
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def member_dict(member: Member) -> dict[str, t.Any]:
-    info = member.info
-    return {
-        "pid": info.pid, "ppid": info.ppid, "pgid": info.pgid, "sid": info.sid, "uid": info.uid,
-        "user": user_name(info.uid), "starttime": info.starttime, "state": info.state, "depth": member.depth,
-        "how": member.how, "cmdline": command_of(info) or "[%s]" % info.comm,
-    }
-
-
-def diff_lines(entries: t.Sequence[t.Mapping[str, t.Any]]) -> str:
-    return "".join("%d %s\n" % (e["pid"], e["cmdline"]) for e in entries)
-
-
-def launchers_first(selection: Selection) -> list[Member]:
-    """The snapshot in signal order: roots (depth 0) first, then by depth and PID."""
-    return sorted(selection.members.values(), key=lambda m: (m.depth, m.pid))
-
-
-def root_groups(members: t.Sequence[Member], tpgid: t.Callable[[int], int] = read_tpgid) -> set[int]:
-    """The process groups a Ctrl-C in the launchers' terminal reaches: the roots' own groups, and the terminal's
-    foreground group where it is one of the job's (a shell running the launcher puts it in a group of its own)."""
-    groups = {m.info.pgid for m in members if m.depth == 0}
-    for m in members:
-        if m.depth == 0:
-            foreground = tpgid(m.pid)
-            if foreground > 0 and any(o.info.pgid == foreground for o in members):
-                groups.add(foreground)
-    return groups
-
-
-def gpu_holders(params: t.Mapping[str, t.Any], ignore_pids: t.Collection[int] = ()) -> list[dict[str, t.Any]]:
-    """Processes holding params['gpu_devices'] in scope, one dict per pid (driver tools and ``ignore_pids`` left out)."""
-    if not params["gpu_devices"]:
-        return []
-    found = scan_holders(params["gpu_devices"], exclude_pids={os.getpid()})
-    counted, _ignored = classify_holders(found, None, DEFAULT_IGNORE_PROCESSES, params["container"])
-    by_pid: dict[int, dict[str, t.Any]] = {}
-    for holder in counted:
-        if holder.pid not in ignore_pids:
-            by_pid.setdefault(holder.pid, {"pid": holder.pid, "name": holder.name, "cmdline": holder.cmdline,
-                                           "gpu": holder.gpu, "device": holder.device})
-    return [by_pid[pid] for pid in sorted(by_pid)]
-
-
-def holders_text(holders: t.Sequence[t.Mapping[str, t.Any]]) -> str:
-    return "; ".join("pid %(pid)d %(name)s on %(device)s: %(cmdline)s" % h for h in holders[:20]) + (
-        " ... and %d more" % (len(holders) - 20) if len(holders) > 20 else "")
-
-
-def selection_text(params: t.Mapping[str, t.Any]) -> str:
-    return ", ".join("%s=%s" % (option, params[option]) for option in LOCK_KEY_OPTIONS if params[option])
-
-
-def locked_elsewhere(lock: RunLock) -> bool:
-    """Check mode's peek: is a ladder holding the lock now? (never waits, never takes it for long)"""
-    try:
-        fd = os.open(lock.lock_path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-
-
-def previous_note(previous: t.Mapping[str, t.Any] | None) -> str | None:
-    """What the last finished ladder for this selection did (even one nobody watched), when nothing is selected now."""
-    if not previous or previous.get("state") not in ("done", "failed", "interrupted"):
-        return None
-    return "nothing selected now; " + describe_previous(previous)
+__all__ = ["LOCK_KEY_OPTIONS", "SELECTORS", "stop_job"]
 
 
 class _Finish(Exception):
@@ -250,12 +155,7 @@ class _StopJob:
             # never "nothing to do" while something holds the GPUs: with the launcher gone (killed -9, OOM)
             # these are its orphaned ranks, training on with their tmux pane closed
             result["gpu_holders"] = unselected
-            raise _Finish(
-                "nothing was selected, but %d process(es) hold GPU devices (%s), likely the orphaned ranks of a "
-                "launcher that is gone: %s. Nothing was signalled. Select them (pids, match), or set gpu_holders: "
-                "stop to stop every GPU holder%s." % (
-                    len(unselected), ", ".join(params["gpu_devices"]), holders_text(unselected),
-                    " in CT %d" % params["container"] if params["container"] else ""))
+            raise _Finish(orphans_message(unselected, params))
         if unselected:
             result["notes"].append("%d process(es) outside the selection hold GPU devices: %s" % (
                 len(unselected), holders_text(unselected)))
@@ -307,19 +207,7 @@ class _StopJob:
             )
         finally:
             procs.close()
-        result["changed"] = outcome.signalled
-        result["rungs"] = [r.as_dict() for r in outcome.rungs]
-        result["late_children"] = outcome.late_children
-        if outcome.stopped_by is not None:
-            rung = outcome.rungs[outcome.stopped_by]  # as climbed: a Ctrl-C rung with no pane left sent SIGINT itself
-            result["stopped_by"] = rung.signal + (" via tmux" if rung.via == "tmux" else "")
-            result["stopped_by_index"] = outcome.stopped_by
-        elif not outcome.rungs:
-            result["notes"].append("every selected process exited before the first signal")
-        result["survivors"] = outcome.survivors
-        if self.diff:
-            left = [e for e in result["selected"] if e["pid"] in set(outcome.survivors)]
-            result["diff"] = dict(before=diff_lines(result["selected"]), after=diff_lines(left))
+        fill_outcome(result, outcome, self.diff)
         if outcome.survivors:
             raise _Finish(self.survivors_failure(outcome))
         holders_after = gpu_holders(params)
@@ -331,23 +219,11 @@ class _StopJob:
     def survivors_failure(self, outcome: t.Any) -> str:
         """The failure message for processes left after the ladder (and RV(unkillable) where that is what they are)."""
         details = [describe_process(pid) for pid in outcome.survivors]
-        for entry in details:
-            if entry["pid"] in outcome.denied:
-                entry["error"] = outcome.denied[entry["pid"]]
-        if outcome.denied:
-            # not the host's fault: this module lacks the right to signal them
+        message, unkillable = survivors_failure(details, outcome.denied, any(r.signal == "SIGKILL" for r in outcome.rungs),
+                                                self.params["kill_timeout"])
+        if unkillable:
             self.result["unkillable"] = details
-            return ("%d process(es) could not be signalled (%s); run the module as root (become: true) or as the "
-                    "job's user" % (len(outcome.denied), "; ".join(
-                        "pid %d: %s" % item for item in sorted(outcome.denied.items()))))
-        if any(r.signal == "SIGKILL" for r in outcome.rungs):
-            self.result["unkillable"] = details
-            return ("%d process(es) survived SIGKILL for %ss (kill_timeout); the host needs attention "
-                    "(processes stuck in the kernel, e.g. in the GPU driver): %s" % (
-                        len(details), self.params["kill_timeout"],
-                        "; ".join("pid %(pid)s state %(state)s wchan %(wchan)s: %(cmdline)s" % d for d in details)))
-        return "the ladder ended with %d process(es) still running (%s); add a SIGKILL rung or longer timeouts" % (
-            len(details), ", ".join(str(d["pid"]) for d in details))
+        return message
 
 
 def stop_job(params: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,

@@ -33,6 +33,7 @@ import time
 
 from harness import StandinProcess
 
+from tests.bench.goals import finish
 from tests.support.paths import ROOT
 
 MODEL = "bench-model"
@@ -162,16 +163,11 @@ def main() -> int:
     }
     summary = {"results": results, "speedup_vs_pool": round(speedup, 2), "rss_growth_mib": round(rss_growth, 1),
                "cpu_ratio_pool_over_datagen": round(pool["cpu_ms_per_req"] / large["cpu_ms_per_req"], 1),
-               "goals": goals, "cores": os.cpu_count()}
+               "cores": os.cpu_count()}
     print(f"\ndatagen vs openai pool: {speedup:.1f}x requests/s, "
           f"{summary['cpu_ratio_pool_over_datagen']}x less CPU per request; "
           f"peak RSS {small['peak_rss_mib']:.1f} MiB at {a.small} -> {large['peak_rss_mib']:.1f} MiB at {a.large} prompts")
-    for goal, ok in goals.items():
-        print(f"  {'met ' if ok else 'MISS'}  {goal}")
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as fh:
-            json.dump(summary, fh, indent=2)
-    return 1 if a.check and not all(goals.values()) else 0
+    return finish(summary, goals, a.json, a.check)
 
 
 if __name__ == "__main__":

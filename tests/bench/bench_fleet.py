@@ -37,13 +37,14 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from typing import Dict, List, Tuple
 
 import yaml
 from harness import RouterProcess, StandinProcess
 
 from datagen.gen.concurrency import parse_loads
+from tests.bench.goals import finish
+from tests.support.net import http
 from tests.support.paths import DATAGEN_FILES
 
 FILES = str(DATAGEN_FILES)
@@ -82,13 +83,12 @@ class LoadSampler(threading.Thread):
         while not self.stop.is_set():
             running = queued = 0
             for url in self.urls:
-                try:
-                    with urllib.request.urlopen(url + "/metrics", timeout=2) as resp:
-                        for load in parse_loads(resp.read().decode()):
-                            running += load.running
-                            queued += load.queued
-                except OSError:
-                    pass
+                reply = http(url + "/metrics", timeout=2)
+                if reply.status != 200:
+                    continue
+                for load in parse_loads(reply.text):
+                    running += load.running
+                    queued += load.queued
             self.samples.append((time.monotonic(), running, queued))
             self.stop.wait(0.1)
 
@@ -235,13 +235,7 @@ def main() -> int:
                 goals[f"auto >= 95% of the best fixed ({name})"] = r["auto_vs_best_fixed"] >= 0.95
             for x in FIXED:
                 goals[f"fixed {x} loses on at least one capacity"] = any(x in r["losers"] for r in conc.values())
-    summary["goals"] = goals
-    for goal, ok in goals.items():
-        print(f"  {'met ' if ok else 'MISS'}  {goal}")
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as fh:
-            json.dump(summary, fh, indent=2)
-    return 1 if a.check and not all(goals.values()) else 0
+    return finish(summary, goals, a.json, a.check)
 
 
 if __name__ == "__main__":

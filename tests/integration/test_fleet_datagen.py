@@ -15,16 +15,14 @@ when the second node is not up.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
-import urllib.error
-import urllib.request
 
 import pytest
 import yaml
 
 from tests.support.datagen import LAB_VARS_FILE, WORK, generated_rows, reset_pipeline, wait_pipeline_finished
 from tests.support.lab import MAIN_CT, NODE2_CT, lab_status, trainer
+from tests.support.net import http, read_metrics
 from tests.support.paths import FLEET_INVENTORY
 from tests.support.playbook import PlaybookRun, run_playbook
 from tests.support.ssh import attach
@@ -45,24 +43,9 @@ def in_ct(lab: dict, vmid: str, *argv: str, check: bool = True) -> subprocess.Co
     return attach(lab, *argv, vmid=vmid, timeout=120, check=check)
 
 
-def http(url: str, key: str | None = None, body: dict | None = None) -> tuple[int, str]:
-    """(status, body) of a GET (a POST with ``body``); the lab's containers share this machine's network."""
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body else None, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=20) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except urllib.error.URLError as exc:  # nothing listening yet (a node whose workers never started): status 0
-        return 0, str(exc.reason)
-
-
 def served(url: str) -> float:
     """Chat requests this stand-in answered (its own counter, /metrics needs no key, as in SGLang)."""
-    status, text = http(url + "/metrics")
-    assert status == 200, (url, status)
-    return float(re.search(r"^standin_ok_total (\S+)$", text, re.M).group(1))
+    return read_metrics(url + "/metrics")["standin_ok_total"]
 
 
 def worker_invocation(lab: dict, vmid: str, index: int) -> str:
@@ -128,7 +111,7 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
     key = api_key(fleet)
     assert len(key) >= 32
     # the router lists all 16 workers healthy, and both nodes' workers served chat requests
-    status, body = http(ROUTER + "/workers", key)
+    status, body = http(ROUTER + "/workers", key=key)
     assert status == 200, body
     listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
     assert listed == {url: True for urls in NODE_WORKERS.values() for url in urls}, listed
@@ -146,13 +129,13 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
     chat = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
     for url in NODE_WORKERS["200"] + NODE_WORKERS["210"]:
         assert http(url + "/v1/models")[0] == 401, url
-        assert http(url + "/v1/chat/completions", None, chat)[0] == 401, url
-        assert http(url + "/v1/models", "wrong")[0] == 401, url
-        assert http(url + "/v1/models", key)[0] == 200, url
-    assert http(ROUTER + "/v1/chat/completions", None, chat)[0] == 401
-    assert http(ROUTER + "/v1/chat/completions", "wrong", chat)[0] == 401
+        assert http(url + "/v1/chat/completions", body=chat)[0] == 401, url
+        assert http(url + "/v1/models", key="wrong")[0] == 401, url
+        assert http(url + "/v1/models", key=key)[0] == 200, url
+    assert http(ROUTER + "/v1/chat/completions", body=chat)[0] == 401
+    assert http(ROUTER + "/v1/chat/completions", key="wrong", body=chat)[0] == 401
     assert http(ROUTER + "/workers")[0] == 401
-    assert http(ROUTER + "/v1/chat/completions", key, chat)[0] == 200
+    assert http(ROUTER + "/v1/chat/completions", key=key, body=chat)[0] == 200
     # the key is in no log, unit file or summary: the play's output, both nodes' journals and units
     assert key not in out
     for vmid in ("200", "210"):
@@ -186,11 +169,11 @@ def test_losing_the_second_node_mid_run_still_finishes_and_a_rerun_restores_it(f
     play(extra=worker_args("--latency", "10"))
     for i in range(8):
         assert in_ct(fleet, "210", "systemctl", "is-active", f"sglang-datagen-worker@{i}.service").stdout.strip() == "active"
-    status, body = http(ROUTER + "/workers", key)
+    status, body = http(ROUTER + "/workers", key=key)
     listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
     assert all(listed.get(url) for url in NODE_WORKERS["210"]), listed
 
 
 def _answers(url: str) -> bool:
-    """Something listens at URL (any HTTP status; 0 means the connection was refused or timed out)."""
+    """Something listens at URL (any HTTP status; 0 means no HTTP answer: refused, dropped or timed out)."""
     return http(url + "/health")[0] != 0

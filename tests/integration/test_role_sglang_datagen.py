@@ -35,32 +35,20 @@ from tests.support.datagen import (
     reset_pipeline,
     wait_pipeline_finished,
 )
+from tests.support.net import http, parse_metrics
 from tests.support.ssh import attach as in_ct
 
 ROUTER = "http://127.0.0.1:30000"
 WORKERS = [f"http://127.0.0.1:{31000 + i}" for i in range(8)]
-# inside CT200: every server's /metrics as {url: {name: value}} ({} for one that does not answer)
-METRICS_PY = r"""
-import json, re, sys, urllib.request
-out = {}
-for url in sys.argv[1:]:
-    try:
-        text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    except OSError:
-        out[url] = {}
-        continue
-    out[url] = {m.group(1): float(m.group(2)) for m in
-                (re.match(r'^(\S+?(?:\{[^}]*\})?) (\S+)$', line) for line in text.splitlines()) if m}
-print(json.dumps(out))
-"""
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 
-def server_metrics(lab):
-    """Every server's metrics, read from inside CT200 (loopback there); {} before the venv exists."""
-    done = in_ct(lab, "/opt/datagen/venv/bin/python", "-c", METRICS_PY, *WORKERS, check=False)
-    return json.loads(done.stdout) if done.returncode == 0 else {}
+def server_metrics():
+    """Every worker's /metrics as {url: {name: value}} ({} for one that does not answer 200); the lab's
+    containers share this machine's network, so CT200's loopback is this one's."""
+    replies = {url: http(url + "/metrics", timeout=10) for url in WORKERS}
+    return {url: parse_metrics(reply.text) if reply.status == 200 else {} for url, reply in replies.items()}
 
 
 def requests_since(before, after, url):
@@ -69,13 +57,6 @@ def requests_since(before, after, url):
     then = before.get(url, {})
     same_process = then.get("standin_start_time_seconds") == now.get("standin_start_time_seconds")
     return int(now.get("standin_ok_total", 0) - (then.get("standin_ok_total", 0) if same_process else 0))
-
-
-ROUTER_WORKERS_PY = r"""
-import json, sys, urllib.request
-listed = json.load(urllib.request.urlopen(sys.argv[1] + "/workers", timeout=10))["workers"]
-print(json.dumps({w["url"]: w["is_healthy"] for w in listed}))
-"""
 
 
 LISTENERS_PY = r"""
@@ -96,14 +77,31 @@ def listeners(lab, port):
     return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", LISTENERS_PY, str(port)).stdout)
 
 
-def router_workers(lab):
-    """{url: healthy} from the real router's worker list (GET /workers), read inside CT200."""
-    return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", ROUTER_WORKERS_PY, ROUTER).stdout)
+def router_workers():
+    """{url: healthy} from the real router's worker list (GET /workers)."""
+    return {w["url"]: w["is_healthy"] for w in router_listed()}
+
+
+def router_listed():
+    """The real router's GET /workers list (the single-node lab's router asks no API key)."""
+    return http(ROUTER + "/workers", timeout=10).expect(200).json()["workers"]
+
+
+def drop_from_router(url):
+    """Remove worker URL from the router (DELETE /workers/{id}), as it drops one that was not healthy within
+    --worker-startup-timeout-secs; bounded wait until its list no longer has it."""
+    wid = [w["id"] for w in router_listed() if w["url"] == url][0]
+    deleted = http(f"{ROUTER}/workers/{wid}", method="DELETE", timeout=10)
+    assert 200 <= deleted.status < 300, deleted
+    for _attempt in range(100):
+        if url not in router_workers():
+            return
+        time.sleep(0.1)
 
 
 def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     reset_pipeline(lab)
-    before = server_metrics(lab)
+    before = server_metrics()
     out = play()[0]
     assert "pipeline: started" in out or "pipeline: running" in out, out[-3000:]
 
@@ -118,12 +116,12 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     assert all(r["model"] == "lab-model" and r["messages"][-1]["role"] == "assistant" for r in rows)
 
     # the router answered nothing itself: the 100 requests reached the workers, every one of them
-    after = server_metrics(lab)
+    after = server_metrics()
     per_worker = [requests_since(before, after, url) for url in WORKERS]
     assert sum(per_worker) == 100 and min(per_worker) > 0, per_worker
     assert all(after[url]["standin_tokenizer_info"] == 1 for url in WORKERS)
     # the router is the real one, from the venv, and lists all eight workers healthy
-    assert router_workers(lab) == {url: True for url in WORKERS}
+    assert router_workers() == {url: True for url in WORKERS}
     argv = in_ct(lab, "systemctl", "show", "-p", "ExecStart", "sglang-datagen-router.service").stdout
     assert "sglang_router.launch_router" in argv and "standin" not in argv, argv
     assert "--prometheus-host 127.0.0.1" in argv and "--worker-startup-timeout-secs 1800" in argv, argv
@@ -206,26 +204,14 @@ def test_role_waits_for_a_worker_held_back_then_fails_naming_it(lab):
 
 
 def test_gate_registers_a_worker_the_router_dropped(lab):
-    # drop worker 2 from the real router (DELETE /workers/{id}), as it drops one that was not healthy within
-    # --worker-startup-timeout-secs; the role's gate must see it missing and register it again
-    drop = r"""
-import json, sys, time, urllib.request
-base = sys.argv[1]
-listed = json.load(urllib.request.urlopen(base + "/workers", timeout=10))["workers"]
-wid = [w["id"] for w in listed if w["url"] == sys.argv[2]][0]
-urllib.request.urlopen(urllib.request.Request(base + "/workers/" + wid, method="DELETE"), timeout=10)
-for _ in range(100):
-    if sys.argv[2] not in {w["url"] for w in json.load(urllib.request.urlopen(base + "/workers"))["workers"]}:
-        break
-    time.sleep(0.1)
-"""
+    # drop worker 2 from the real router; the role's gate must see it missing and register it again
     play()  # this checkout's units (the shared lab may hold another one's), every worker registered
-    in_ct(lab, "/opt/datagen/venv/bin/python", "-c", drop, ROUTER, WORKERS[2])
-    assert WORKERS[2] not in router_workers(lab)
+    drop_from_router(WORKERS[2])
+    assert WORKERS[2] not in router_workers()
     out = play()[0]
     gate = re.search(r"TASK \[[^\]]*Wait until every worker is ready and the router routes to all of them\][^\n]*\n(\w+):", out)
     assert gate and gate.group(1) == "changed", out[-4000:]  # the gate registered it
-    assert router_workers(lab) == {url: True for url in WORKERS}
+    assert router_workers() == {url: True for url in WORKERS}
 
 
 def test_router_uses_a_worker_restarted_mid_run_and_every_id_is_generated_once(lab):
@@ -235,7 +221,7 @@ def test_router_uses_a_worker_restarted_mid_run_and_every_id_is_generated_once(l
     argv = in_ct(lab, "systemctl", "show", "-p", "ExecStart", "sglang-datagen-router.service").stdout
     assert "--cb-timeout-duration-secs 10" in argv, argv  # sglang_datagen_router_cb_timeout (upstream: 60)
     unit, url = "sglang-datagen-worker@3.service", WORKERS[3]
-    before = server_metrics(lab)
+    before = server_metrics()
     in_ct(lab, "systemctl", "restart", unit)
     # the restart happened while generate was still running (a oneshot unit is "activating" until its stages end):
     # rows were left for the router to send
@@ -247,11 +233,11 @@ def test_router_uses_a_worker_restarted_mid_run_and_every_id_is_generated_once(l
     wait_pipeline_finished(lab, 240)
 
     # the new process (another start time) answered chat requests: the router routed to it again by itself
-    after = server_metrics(lab)
+    after = server_metrics()
     assert after[url]["standin_start_time_seconds"] > before[url]["standin_start_time_seconds"], (before[url], after)
     assert after[url]["standin_ok_total"] > 0, (after[url], in_ct(
         lab, "journalctl", "-u", "sglang-datagen-router", "--no-pager", "-n", "30", "-o", "cat", check=False).stdout)
-    assert router_workers(lab) == {w: True for w in WORKERS}
+    assert router_workers() == {w: True for w in WORKERS}
 
     # every prepared id exactly once, in generated.jsonl and in the tokenized rows, each token-exact
     prompts = [json.loads(line)["id"] for line in in_ct(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()]

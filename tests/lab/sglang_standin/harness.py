@@ -12,10 +12,82 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
-from typing import Dict, List, Optional
+from typing import IO, Any, Dict, List, NamedTuple, Optional
 
 STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin.py")
+# one Prometheus sample line: the name, its labels (dropped), the value
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$")
+
+
+class HttpReply(NamedTuple):
+    """One HTTP exchange as a test sees it: ``status`` is 0 when no HTTP answer came at all (nothing listens,
+    the connection dropped, it timed out), and ``text`` then says why; otherwise the answer's body."""
+
+    status: int
+    text: str
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+    def expect(self, status: int = 200) -> HttpReply:
+        """This reply when its status is ``status``; an AssertionError naming what came instead otherwise."""
+        assert self.status == status, f"HTTP {self.status} (expected {status}): {self.text[:2000]}"
+        return self
+
+
+def http(url: str, *, key: Optional[str] = None, body: Any = None, method: Optional[str] = None,
+         timeout: float = 20.0) -> HttpReply:
+    """GET ``url`` (POST with a JSON ``body``; ``method`` overrides), ``Authorization: Bearer KEY`` with ``key``.
+
+    Every answer is a reply, 4xx/5xx included; no answer at all is status 0 (see :class:`HttpReply`), never an
+    exception, so a test can assert on a server that is not (or no longer) there.
+    """
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return HttpReply(resp.status, resp.read().decode())
+    except urllib.error.HTTPError as exc:
+        return HttpReply(exc.code, exc.read().decode())
+    except urllib.error.URLError as exc:  # refused, unreachable, or timed out while connecting
+        return HttpReply(0, str(exc.reason))
+    except OSError as exc:  # reset or timed out after connecting
+        return HttpReply(0, str(exc) or type(exc).__name__)
+
+
+def parse_metrics(text: str) -> Dict[str, float]:
+    """Prometheus text as {name: value}, labels dropped (the last sample of a name wins)."""
+    out: Dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def read_metrics(metrics_url: str, timeout: float = 5.0) -> Dict[str, float]:
+    """The parsed metrics at ``metrics_url`` (``.../metrics``), which must answer 200 (AssertionError otherwise)."""
+    reply = http(metrics_url, timeout=timeout)
+    assert reply.status == 200, f"{metrics_url}: HTTP {reply.status} {reply.text[:500]}"
+    return parse_metrics(reply.text)
+
+
+def stop_process(proc: Optional[subprocess.Popen], log: Optional[IO[bytes]], grace: float) -> None:
+    """SIGTERM the process this harness started (only it), SIGKILL after ``grace`` seconds; close its log."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    if log is not None:
+        log.close()
 
 
 class StandinProcess:
@@ -53,25 +125,10 @@ class StandinProcess:
         return self
 
     def metrics(self) -> Dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        out: Dict[str, float] = {}
-        for line in text.splitlines():
-            m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? (\S+)$", line)
-            if m:
-                out[m.group(1)] = float(m.group(2))
-        return out
+        return read_metrics(self.url + "/metrics")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if getattr(self, "_log", None):
-            self._log.close()
+        stop_process(self.proc, getattr(self, "_log", None), grace=10.0)
 
     def __enter__(self) -> StandinProcess:
         return self.start()
@@ -125,9 +182,11 @@ class RouterProcess:
     """
 
     def __init__(self, worker_urls: List[str], args: Optional[List[str]] = None, policy: str = "round_robin",
-                 expect: Optional[int] = None, python: str = sys.executable) -> None:
+                 expect: Optional[int] = None, python: str = sys.executable, api_key: Optional[str] = None) -> None:
         self.worker_urls = list(worker_urls)
-        self.args = list(args or [])
+        # with an API key the router asks its clients for it (its own /workers too) and sends it to the workers
+        self.api_key = api_key
+        self.args = list(args or []) + (["--api-key", api_key] if api_key is not None else [])
         self.policy = policy
         self.expect = len(self.worker_urls) if expect is None else expect
         self.python = python
@@ -145,9 +204,11 @@ class RouterProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def workers(self) -> Dict[str, bool]:
-        """{url: is_healthy} from the router's GET /workers."""
-        with urllib.request.urlopen(self.url + "/workers", timeout=5) as resp:
-            return {w["url"]: w["is_healthy"] for w in json.loads(resp.read())["workers"]}
+        """{url: is_healthy} from the router's GET /workers; OSError while it does not answer that with 200."""
+        reply = http(self.url + "/workers", key=self.api_key, timeout=5)
+        if reply.status != 200:
+            raise OSError(f"sglang-router GET /workers: HTTP {reply.status} {reply.text[:200]}")
+        return {w["url"]: w["is_healthy"] for w in reply.json()["workers"]}
 
     def wait_workers(self, n: int, timeout: float = 30.0) -> Dict[str, bool]:
         deadline = time.monotonic() + timeout
@@ -188,15 +249,7 @@ class RouterProcess:
             return fh.read()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if getattr(self, "_log", None):
-            self._log.close()
+        stop_process(self.proc, getattr(self, "_log", None), grace=15.0)
 
     def __enter__(self) -> RouterProcess:
         return self.start()

@@ -13,12 +13,12 @@ import os
 import statistics
 import threading
 import time
-import urllib.request
 
 from harness import RouterProcess, StandinProcess
 
 from datagen.gen.concurrency import parse_loads
 from datagen.generate import run_generate, settings_from_config
+from tests.support.net import http
 
 CAPACITY = 8
 QUEUE_TARGET = 4
@@ -48,48 +48,47 @@ class Sampler(threading.Thread):
         while not self.done.is_set():
             row = []
             for w in self.workers:
-                with urllib.request.urlopen(w.url + "/metrics", timeout=5) as resp:
-                    (load,) = parse_loads(resp.read().decode())
+                (load,) = parse_loads(http(w.url + "/metrics", timeout=5).expect(200).text)
                 row.append((load.running, load.queued))
             self.samples.append((time.monotonic(), row))
             time.sleep(0.02)
 
     def middle(self):
-        """The samples of the middle half of the run: past the ramp, before the input runs out."""
+        """The samples of the middle half of the run (at least 10): past the ramp, before the input runs out."""
         t0, t1 = self.samples[0][0], self.samples[-1][0]
-        return [row for t, row in self.samples if t0 + (t1 - t0) / 4 <= t <= t1 - (t1 - t0) / 4]
+        middle = [row for t, row in self.samples if t0 + (t1 - t0) / 4 <= t <= t1 - (t1 - t0) / 4]
+        assert len(middle) >= 10, self.samples
+        return middle
 
 
-def generate(work, servers, rows):
+def generate_sampled(work, server, workers, rows):
+    """Generate ROWS prompts through SERVER with ``concurrency: auto`` while a Sampler reads WORKERS; once it
+    finished with every id exactly once: (its result, the sampler)."""
     path = prompts(work, rows)
     settings = settings_from_config({
-        "work_dir": str(work), "model": "lab-model", "servers": servers, "sampling": {"max_tokens": 32},
+        "work_dir": str(work), "model": "lab-model", "servers": [server], "sampling": {"max_tokens": 32},
         "generate": {"queue_target": QUEUE_TARGET, "load_interval": 0.1, "ready_interval": 0.05,
                      "backoff_base": 0.01, "backoff_max": 0.05, "fsync_interval": 0.1, "progress_interval": 0.1}})
     assert settings.adaptive  # auto is the default
-    return run_generate(settings, path, str(work))
-
-
-def ids_once(work, rows):
+    sampler = Sampler(workers)
+    sampler.start()
+    try:
+        result = run_generate(settings, path, str(work))
+    finally:
+        sampler.done.set()
+        sampler.join(timeout=10)
+    assert (result["state"], result["written"], result["errors"]) == ("finished", rows, 0), result
     with open(os.path.join(str(work), "generated.jsonl"), encoding="utf-8") as fh:
         ids = [json.loads(line)["id"] for line in fh]
     assert sorted(ids) == [f"row-{i:05d}" for i in range(rows)]  # every id, exactly once
+    return result, sampler
 
 
 def test_auto_keeps_a_worker_at_capacity_with_a_short_queue(tmp_path):
     rows = 360
     with StandinProcess(WORKER) as worker:
-        sampler = Sampler([worker])
-        sampler.start()
-        try:
-            result = generate(tmp_path, [worker.url], rows)
-        finally:
-            sampler.done.set()
-            sampler.join(timeout=10)
-    assert (result["state"], result["written"], result["errors"]) == ("finished", rows, 0), result
-    ids_once(tmp_path, rows)
+        result, sampler = generate_sampled(tmp_path, worker.url, [worker], rows)
     middle = [row[0] for row in sampler.middle()]
-    assert len(middle) >= 10, sampler.samples
     running = [r for r, _q in middle]
     queued = [q for _r, q in middle]
     # never idle: the batch is full nearly always (a step boundary may catch it between two requests)
@@ -106,20 +105,11 @@ def test_auto_through_the_router_keeps_every_worker_busy(tmp_path):
     try:
         # the role's policy: cache_aware keeps a worker's load up to --balance-abs-threshold (64) above another's
         with RouterProcess([w.url for w in workers], policy="cache_aware") as router:
-            sampler = Sampler(workers)
-            sampler.start()
-            try:
-                result = generate(tmp_path, [router.url], rows)
-            finally:
-                sampler.done.set()
-                sampler.join(timeout=10)
+            result, sampler = generate_sampled(tmp_path, router.url, workers, rows)
     finally:
         for w in workers:
             w.stop()
-    assert (result["state"], result["written"], result["errors"]) == ("finished", rows, 0), result
-    ids_once(tmp_path, rows)
     middle = sampler.middle()
-    assert len(middle) >= 10, sampler.samples
     for i in range(2):  # both workers full, whatever the router's affinity does
         assert statistics.mean(row[i][0] for row in middle) >= 0.85 * CAPACITY, (i, middle)
     # bounded: the shortest queue near the target, the longest within the router's imbalance allowance

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 
 import pytest
 from harness import RouterProcess, StandinProcess
 
 from datagen.sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
+from tests.support.net import HttpReply, http
 
 pytest.importorskip("sglang_router", reason="the real sglang-router (requirements.txt) is not installed")
 
@@ -44,12 +43,9 @@ def routed(tmp_path_factory):
         yield router.url, record
 
 
-def _chat(url, messages, tools):
-    body = json.dumps(dict({"model": "m", "messages": messages, "tools": tools, "max_tokens": 16},
-                           **TOKEN_ID_FLAGS)).encode()
-    req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read())
+def _chat(url, messages, tools) -> HttpReply:
+    body = dict({"model": "m", "messages": messages, "tools": tools, "max_tokens": 16}, **TOKEN_ID_FLAGS)
+    return http(url + "/v1/chat/completions", body=body, timeout=30)
 
 
 def _last_received(record):
@@ -60,7 +56,7 @@ def _last_received(record):
 def test_the_canonical_request_reaches_the_worker_unchanged(routed):
     url, record = routed
     messages, tools = canonical_request(MESSAGES, TOOLS)
-    answer = _chat(url, messages, tools)
+    answer = _chat(url, messages, tools).expect(200).json()
     got = _last_received(record)
     assert got["tools"] == tools
     # the router leaves out a null content (SGLang reads it as "" either way): the rest is as sent
@@ -77,11 +73,10 @@ def test_the_canonical_request_reaches_the_worker_unchanged(routed):
 def test_the_raw_request_is_refused_or_rewritten_by_the_router(routed):
     """Why canonical_request exists: what the router does to the rows as the sources give them."""
     url, record = routed
-    with pytest.raises(urllib.error.HTTPError) as err:
-        _chat(url, MESSAGES, TOOLS)
-    assert err.value.code == 400 and "parameters" in err.value.read().decode()
+    refused = _chat(url, MESSAGES, TOOLS)
+    assert refused.status == 400 and "parameters" in refused.text
     tools = [TOOLS[0], TOOLS[2]]
-    _chat(url, MESSAGES, tools)
+    _chat(url, MESSAGES, tools).expect(200)
     got = _last_received(record)
     assert list(got["tools"][0]["function"]) == ["name", "description", "parameters"]  # reordered, x-extra gone
     assert "defer_loading" not in got["tools"][0]

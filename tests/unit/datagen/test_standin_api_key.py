@@ -8,39 +8,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 from harness import RouterProcess, StandinProcess
 from standin import auth_allowed
 
+from tests.support.net import http
 from tests.support.paths import DATAGEN_FILES
 
 GATE = str(DATAGEN_FILES / "ready_gate.py")
 KEY = "k3y-" + "x" * 40
 CHAT = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-def request(url: str, key: str | None = None, body: dict | None = None, scheme: str = "Bearer") -> tuple[int, str]:
-    headers = {"Content-Type": "application/json"}
-    if key is not None:
-        headers["Authorization"] = f"{scheme} {key}"
-    req = urllib.request.Request(url, data=json.dumps(body).encode() if body else None, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=20) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-class KeyedRouter(RouterProcess):
-    """The real router started with ``--api-key``: its own /workers then needs the key too."""
-
-    def workers(self) -> dict:
-        status, text = request(self.url + "/workers", KEY)
-        if status != 200:
-            raise urllib.error.URLError(f"HTTP {status}")
-        return {w["url"]: w["is_healthy"] for w in json.loads(text)["workers"]}
 
 
 def test_auth_rule_is_sglangs():
@@ -57,23 +34,23 @@ def test_auth_rule_is_sglangs():
 
 def test_standin_refuses_requests_without_the_key():
     with StandinProcess(["--api-key", KEY]) as worker:
-        assert request(worker.url + "/v1/models") == (401, '{"error": "Unauthorized"}')
-        assert request(worker.url + "/v1/models", "wrong")[0] == 401
-        assert request(worker.url + "/v1/chat/completions", body=CHAT)[0] == 401
-        assert request(worker.url + "/v1/models", KEY)[0] == 200
-        assert request(worker.url + "/v1/chat/completions", KEY, CHAT)[0] == 200
-        assert request(worker.url + "/health")[0] == 200 and request(worker.url + "/health_generate")[0] == 200
+        assert http(worker.url + "/v1/models") == (401, '{"error": "Unauthorized"}')
+        assert http(worker.url + "/v1/models", key="wrong")[0] == 401
+        assert http(worker.url + "/v1/chat/completions", body=CHAT)[0] == 401
+        assert http(worker.url + "/v1/models", key=KEY)[0] == 200
+        assert http(worker.url + "/v1/chat/completions", key=KEY, body=CHAT)[0] == 200
+        assert http(worker.url + "/health")[0] == 200 and http(worker.url + "/health_generate")[0] == 200
         metrics = worker.metrics()
         assert metrics["standin_unauthorized_total"] == 3 and metrics["standin_ok_total"] == 1
 
 
 def test_real_router_requires_the_key_from_clients_and_sends_it_to_the_workers():
     with StandinProcess(["--api-key", KEY]) as w1, StandinProcess(["--api-key", KEY]) as w2:
-        with KeyedRouter([w1.url, w2.url], args=["--api-key", KEY]) as router:
-            assert request(router.url + "/v1/chat/completions", body=CHAT)[0] == 401
-            assert request(router.url + "/v1/chat/completions", "wrong", CHAT)[0] == 401
+        with RouterProcess([w1.url, w2.url], api_key=KEY) as router:
+            assert http(router.url + "/v1/chat/completions", body=CHAT)[0] == 401
+            assert http(router.url + "/v1/chat/completions", key="wrong", body=CHAT)[0] == 401
             for _request in range(4):
-                status, text = request(router.url + "/v1/chat/completions", KEY, CHAT)
+                status, text = http(router.url + "/v1/chat/completions", key=KEY, body=CHAT)
                 assert status == 200, text
             served = w1.metrics()["standin_ok_total"] + w2.metrics()["standin_ok_total"]
             assert served == 4  # the workers took the router's requests: it sent them the key
@@ -86,7 +63,7 @@ def test_gate_sends_the_key_from_its_file(tmp_path):
     env_file = tmp_path / "api-key.env"
     env_file.write_text(f"SGLANG_DATAGEN_API_KEY={KEY}\n")
     with StandinProcess(["--api-key", KEY]) as worker:
-        with KeyedRouter([worker.url], args=["--api-key", KEY]) as router:
+        with RouterProcess([worker.url], api_key=KEY) as router:
             base = [sys.executable, GATE, "--timeout", "3", "--delay", "1", "--router", router.url,
                     "--worker", worker.url]
             without = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)

@@ -6,17 +6,16 @@ middle of them is the steady one, and every wait is bounded.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from harness import STANDIN, StandinProcess
+
+from tests.support.net import http
 
 # every request samples 40 tokens + the stop token, one decode step (0.03 s here) each: over a second in the batch
 SLOW = ["--min-tokens", "40", "--max-natural-tokens", "40", "--token-latency", "0.03"]
@@ -24,13 +23,8 @@ SLOW = ["--min-tokens", "40", "--max-natural-tokens", "40", "--token-latency", "
 
 def chat(url, content, max_tokens=64, results=None):
     body = {"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens}
-    req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            out = (resp.status, json.loads(resp.read()))
-    except urllib.error.HTTPError as exc:
-        out = (exc.code, json.loads(exc.read()))
+    reply = http(url + "/v1/chat/completions", body=body, timeout=60)
+    out = (reply.status, reply.json())
     if results is not None:
         results.append(out)
     return out
@@ -116,8 +110,7 @@ def test_without_a_capacity_every_request_runs_at_once():
 def test_metrics_carry_sglangs_names_types_and_labels():
     with StandinProcess(["--max-running-requests", "8"], model="m") as s:
         chat(s.url, "hello")
-        with urllib.request.urlopen(s.url + "/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+        text = http(s.url + "/metrics", timeout=5).expect(200).text
     # observability/metrics_collector.py: SchedulerMetricsCollector gauges and TokenizerMetricsCollector counters
     sched = 'model_name="m",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
     for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "num_used_tokens", "max_total_num_tokens"):

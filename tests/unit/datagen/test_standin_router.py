@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from harness import STANDIN, RouterProcess, StandinProcess
+
+from tests.support.net import http
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -23,23 +23,9 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
-def post(url, body):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=20) as resp:
-        return resp.status, json.loads(resp.read())
-
-
-def get_status(url):
-    try:
-        with urllib.request.urlopen(url, timeout=20) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 def chat(url, text, **extra):
     body = {"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 32, **extra}
-    return post(url + "/v1/chat/completions", body)[1]
+    return http(url + "/v1/chat/completions", body=body).expect(200).json()
 
 
 def worker_requests(workers):
@@ -58,7 +44,7 @@ def test_real_router_round_robin_forwards_to_every_worker_in_turn(workers):
     before = worker_requests(workers)
     with RouterProcess([w.url for w in workers], policy="round_robin") as r:
         # sglang-router reads the model id from each worker's /model_info (SGLang's http_server.py)
-        status, text = get_status(r.url + "/v1/models")
+        status, text = http(r.url + "/v1/models")
         assert status == 200 and [m["id"] for m in json.loads(text)["data"]] == ["m"], text
         answers = [chat(r.url, f"question {i}") for i in range(9)]
         # the answer is the worker's own (same text as asking the worker directly), not the router's
@@ -75,14 +61,14 @@ def test_real_router_health_generate_is_200_with_one_worker_of_two(tmp_path, wor
     hold = tmp_path / "hold"
     hold.write_text("")
     with StandinProcess(["--not-ready-while", str(hold)], model="m") as held:
-        assert get_status(held.url + "/health_generate")[0] == 503
+        assert http(held.url + "/health_generate")[0] == 503
         with RouterProcess([workers[0].url, held.url], expect=1,
                            args=["--worker-startup-timeout-secs", "2"]) as r:
-            status, text = get_status(r.url + "/health_generate")
+            status, text = http(r.url + "/health_generate")
             assert status == 200, text
             time.sleep(3)  # past the router's startup timeout
             hold.unlink()
-            assert get_status(held.url + "/health_generate")[0] == 200
+            assert http(held.url + "/health_generate")[0] == 200
             time.sleep(3)  # the late worker is ready now, and never registered
             assert list(r.workers()) == [workers[0].url]
 
@@ -93,8 +79,8 @@ def test_real_router_drops_fields_it_does_not_know_and_keeps_seed(tmp_path):
             "temperature": 0.5, "top_k": 5, "chat_template_kwargs": {"enable_thinking": False},
             "return_token_ids": True, "return_prompt_token_ids": True, "rid": "row-1", "frobnicate": 1}
     with StandinProcess(["--record-requests", str(record)], model="m") as w, RouterProcess([w.url]) as r:
-        post(r.url + "/v1/chat/completions", body)
-        assert get_status(r.url + "/v1/chat/completions")[0] in (404, 405)  # GET: not a route
+        http(r.url + "/v1/chat/completions", body=body).expect(200)
+        assert http(r.url + "/v1/chat/completions")[0] in (404, 405)  # GET: not a route
     got = json.loads(record.read_text().splitlines()[0])
     assert {"return_token_ids", "return_prompt_token_ids", "rid", "frobnicate", "max_tokens"} <= set(body) - set(got)
     assert (got["seed"], got["max_completion_tokens"], got["top_k"]) == (7, 8, 5)
@@ -106,7 +92,7 @@ def test_real_router_metrics_listen_on_the_configured_host_only(workers):
     with RouterProcess([workers[0].url]) as r:
         ports = {c.laddr for c in psutil.Process(r.proc.pid).net_connections("inet") if c.status == "LISTEN"}
         assert ports == {("127.0.0.1", r.port), ("127.0.0.1", r.metrics_port)}, ports
-        status, text = get_status(r.metrics_url)
+        status, text = http(r.metrics_url)
         assert status == 200 and 'smg_worker_health{worker="' + workers[0].url + '"} 1' in text
 
 
@@ -116,15 +102,15 @@ def test_standin_worker_follows_sglangs_startup_and_model_endpoints(tmp_path):
         held = tmp_path / f"hold-{w.port}"
         held.write_text("")
         # SGLang while starting: /health and /health_generate 503, /v1/models and /model_info already answer
-        assert get_status(w.url + "/health")[0] == 503
-        assert get_status(w.url + "/health_generate")[0] == 503
-        assert get_status(w.url + "/v1/models")[0] == 200
-        info = json.loads(get_status(w.url + "/get_model_info")[1])
+        assert http(w.url + "/health")[0] == 503
+        assert http(w.url + "/health_generate")[0] == 503
+        assert http(w.url + "/v1/models")[0] == 200
+        info = json.loads(http(w.url + "/get_model_info")[1])
         assert (info["served_model_name"], info["is_generation"], info["tool_call_parser"]) == ("m", True, "qwen")
-        assert get_status(w.url + "/v1/models/other")[0] == 404
+        assert http(w.url + "/v1/models/other")[0] == 404
         held.unlink()
-        assert get_status(w.url + "/health")[0] == 200
-        assert get_status(w.url + "/health_generate")[0] == 200
+        assert http(w.url + "/health")[0] == 200
+        assert http(w.url + "/health_generate")[0] == 200
 
 
 def test_standin_ignores_the_seed_unless_deterministic_inference_is_on():
@@ -157,7 +143,7 @@ def test_router_passes_exactly_the_chat_fields_the_role_allows_in_extra_body(tmp
             value = values.get(field, True if field in bools or field in dropped[:2] else 1)
             extra = {"logprobs": True} if field == "top_logprobs" else {}
             body = {"model": "m", "messages": [{"role": "user", "content": field}], field: value, **extra}
-            post(r.url + "/v1/chat/completions", body)
+            http(r.url + "/v1/chat/completions", body=body).expect(200)
     got = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(got) == len(allowed) + len(dropped)
     assert [f for f, g in zip(allowed, got) if f not in g] == []
@@ -196,9 +182,9 @@ def test_prompt_tokens_are_the_tokenizers_count_of_the_rendered_template(tiny_to
     naive = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True, **kwargs)
     assert naive != text  # the normalisation shows in this template: a plain re-render would not match
     with StandinProcess(["--tokenizer", tiny_tokenizer], model="m") as s:
-        got = post(s.url + "/v1/chat/completions", {"model": "m", "messages": messages, "tools": TOOLS,
-                                                    "chat_template_kwargs": kwargs, "max_tokens": 200,
-                                                    "return_token_ids": True})[1]
+        got = http(s.url + "/v1/chat/completions", body={"model": "m", "messages": messages, "tools": TOOLS,
+                                                         "chat_template_kwargs": kwargs, "max_tokens": 200,
+                                                         "return_token_ids": True}).expect(200).json()
         assert got["usage"]["prompt_tokens"] == want
         choice = got["choices"][0]
         assert choice["prompt_token_ids"] == ids
@@ -207,8 +193,9 @@ def test_prompt_tokens_are_the_tokenizers_count_of_the_rendered_template(tiny_to
         assert len(out) == got["usage"]["completion_tokens"] and out[-1] == tok.convert_tokens_to_ids("<|im_end|>")
         assert tok.decode(out) == choice["message"]["content"] + "<|im_end|>"  # the final answer after the tool
         # before the tool result: a tool call, whose ids are the raw Hermes markup the parser turned into tool_calls
-        choice = post(s.url + "/v1/chat/completions", {"model": "m", "messages": messages[:2], "tools": TOOLS,
-                                                       "max_tokens": 200, "return_token_ids": True})[1]["choices"][0]
+        choice = http(s.url + "/v1/chat/completions", body={"model": "m", "messages": messages[:2], "tools": TOOLS,
+                                                            "max_tokens": 200, "return_token_ids": True}
+                      ).expect(200).json()["choices"][0]
         call = choice["message"]["tool_calls"][0]["function"]
         assert tok.decode(choice["response_token_ids"]) == (
             "<tool_call>\n" + json.dumps({"name": call["name"], "arguments": json.loads(call["arguments"])})
@@ -216,8 +203,8 @@ def test_prompt_tokens_are_the_tokenizers_count_of_the_rendered_template(tiny_to
         assert choice["message"]["content"] == "" and choice["finish_reason"] == "tool_calls"
         assert s.metrics()["standin_tokenizer_info"] == 1
     with StandinProcess([], model="m") as s:  # without: the chars/4 estimate, which differs here
-        plain = post(s.url + "/v1/chat/completions", {"model": "m", "messages": messages, "tools": TOOLS,
-                                                      "max_tokens": 16})[1]
+        plain = http(s.url + "/v1/chat/completions", body={"model": "m", "messages": messages, "tools": TOOLS,
+                                                           "max_tokens": 16}).expect(200).json()
         assert plain["usage"]["prompt_tokens"] != want
 
 

@@ -8,11 +8,8 @@ tried again. The role passes ``sglang_datagen_router_cb_timeout`` there (roles/s
 
 from __future__ import annotations
 
-import json
 import re
 import time
-import urllib.error
-import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,28 +18,21 @@ from typing import Optional
 import yaml
 from harness import RouterProcess, StandinProcess
 
+from tests.support.net import http
+
 ROOT = Path(__file__).resolve().parents[3]
 DEFAULTS = ROOT / "roles" / "sglang_datagen" / "defaults" / "main.yml"
 
 
 def ask(router_url: str) -> bool:
     """One chat request through the router (a new prompt each time); True when it was answered."""
-    body = json.dumps({"model": "m", "max_tokens": 8,
-                       "messages": [{"role": "user", "content": uuid.uuid4().hex}]}).encode()
-    req = urllib.request.Request(router_url + "/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            resp.read()
-        return True
-    except (urllib.error.URLError, OSError):
-        return False
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": uuid.uuid4().hex}]}
+    return http(router_url + "/v1/chat/completions", body=body, timeout=30).status == 200
 
 
 def breaker_state(router: RouterProcess, worker_url: str) -> Optional[float]:
     """The router's ``smg_worker_cb_state`` for one worker (0 closed, 1 open, 2 half-open); None before any."""
-    with urllib.request.urlopen(router.metrics_url, timeout=5) as resp:
-        text = resp.read().decode()
+    text = http(router.metrics_url, timeout=5).expect(200).text
     found = re.search(r'^smg_worker_cb_state\{worker="' + re.escape(worker_url) + r'"\} (\S+)$', text, re.M)
     return float(found.group(1)) if found else None
 

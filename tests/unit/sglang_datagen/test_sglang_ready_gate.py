@@ -6,10 +6,11 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from harness import RouterProcess, StandinProcess
+
+from tests.support.net import http
 
 ROOT = Path(__file__).resolve().parents[3]
 GATE = ROOT / "roles" / "sglang_datagen" / "files" / "ready_gate.py"
@@ -35,10 +36,8 @@ def test_gate_registers_a_worker_the_router_dropped_and_waits_for_it(tmp_path):
             assert r.workers() == {ready.url: True, late.url: True}
             before = late.metrics()["sglang:num_requests_total"]
             for i in range(4):
-                body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]}).encode()
-                req = urllib.request.Request(r.url + "/v1/chat/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-                urllib.request.urlopen(req, timeout=20).read()
+                body = {"model": "m", "messages": [{"role": "user", "content": f"q{i}"}]}
+                http(r.url + "/v1/chat/completions", body=body).expect(200)
             assert late.metrics()["sglang:num_requests_total"] - before == 2  # round robin: it routes there now
             # ready now: a second run registers nothing
             rc, out = run_gate("--router", r.url, "--worker", ready.url, "--worker", late.url, "--timeout", "5")

@@ -22,6 +22,7 @@ from datagen import __version__, paths, quota
 from datagen.existing import iter_existing
 from datagen.tokenize import (
     Renderer,
+    ShardBuild,
     ShardWriter,
     load_tokenizer,
     new_stats,
@@ -32,13 +33,10 @@ from datagen.util import (
     DatagenError,
     file_stamp,
     fingerprint,
-    fresh_build_dir,
     peak_rss_mib,
     read_json,
     stable_id,
-    swap_dir,
     unit_interval,
-    write_json,
 )
 
 
@@ -114,14 +112,13 @@ def run_merge(cfg: Any, force: bool = False) -> Dict[str, Any]:
     del ranks
 
     # pass 2: write
-    tmp_dir = fresh_build_dir(out_dir)
-    writer = ShardWriter(tmp_dir, cfg.merge.shard_rows, with_origin=True)
     after: Dict[str, int] = {}
     stats = new_stats()
     renderer = None
     if needs_tokenizer:
         renderer = Renderer(load_tokenizer(cfg.tokenizer), template_kwargs(cfg.raw))
-    try:
+    build = ShardBuild(out_dir, cfg.merge.shard_rows, with_origin=True)
+    with build as writer:
         taken_new: Dict[str, int] = {}
         for s in new_shards:
             for batch in pq.ParquetFile(s).iter_batches(batch_size=4096):
@@ -164,12 +161,6 @@ def run_merge(cfg: Any, force: bool = False) -> Dict[str, Any]:
                 else:
                     _bump(stats["skipped"], "existing_row_without_tokens_or_messages")
             _write_tokenized(pending, renderer, cfg, stats, writer, after)
-        writer.close()
-    except BaseException:
-        writer.abort()
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
-    shards = [os.path.join(out_dir, os.path.basename(s)) for s in writer.shards]
     manifest = {
         "stage": "merge", "fingerprint": fp, "version": __version__, "allow_downsample": cfg.merge.allow_downsample,
         "rows": sum(after.values()), "existing_per_category": before, "new_per_category": new_counts,
@@ -177,10 +168,9 @@ def run_merge(cfg: Any, force: bool = False) -> Dict[str, Any]:
                                                                if uncut[c] - after.get(c, 0)},
         "mix_before": _shares(before), "mix_after": _shares(after), "target_mix": cfg.target_mix,
         "existing_tokenized_here": {k: v for k, v in stats.items() if k in ("skipped", "truncated")},
-        "shards": shards, "seconds": round(time.monotonic() - t0, 3), "peak_rss_mib": round(peak_rss_mib(), 1),
+        "shards": build.shards, "seconds": round(time.monotonic() - t0, 3), "peak_rss_mib": round(peak_rss_mib(), 1),
     }
-    write_json(os.path.join(tmp_dir, paths.MANIFEST), manifest)
-    swap_dir(tmp_dir, out_dir)
+    build.publish(manifest)
     for stale in glob.glob(out_dir + ".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return {"stage": "merge", "skipped": False, "rows": manifest["rows"], "mix_before": manifest["mix_before"],

@@ -307,6 +307,47 @@ class ShardWriter:
         self._close_writer()
 
 
+class ShardBuild:
+    """A stage's next set of shards, built in a private sibling of ``out_dir`` and put in its place whole.
+
+    ``with build as writer:`` writes the shards (closing the last one on the way out); ``build.publish(manifest)``
+    then writes the manifest next to them and swaps the directory in. An error in the block (a full disk
+    included, named by datagen.space further up) drops the writer and the build directory and goes on as
+    raised: the previous output stays as it was.
+    """
+
+    def __init__(self, out_dir: str, shard_rows: int, with_origin: bool = False) -> None:
+        self.out_dir = out_dir
+        self.tmp_dir = fresh_build_dir(out_dir)
+        self.writer = ShardWriter(self.tmp_dir, shard_rows, with_origin=with_origin)
+
+    def __enter__(self) -> ShardWriter:
+        return self.writer
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            try:
+                self.writer.close()
+                return
+            except BaseException:
+                self._discard()
+                raise
+        self._discard()
+
+    def _discard(self) -> None:
+        self.writer.abort()
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+    @property
+    def shards(self) -> List[str]:
+        """The shards' paths once published (in ``out_dir``)."""
+        return [os.path.join(self.out_dir, os.path.basename(s)) for s in self.writer.shards]
+
+    def publish(self, manifest: Dict[str, Any]) -> None:
+        write_json(os.path.join(self.tmp_dir, paths.MANIFEST), manifest)
+        swap_dir(self.tmp_dir, self.out_dir)
+
+
 def tokenize_fingerprint(cfg: Any, src: str) -> str:
     tok_stamp: Any = cfg.tokenizer
     if cfg.tokenizer and os.path.isdir(cfg.tokenizer):
@@ -448,11 +489,10 @@ def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Di
         return {"stage": "tokenize", "skipped": True, "reason": "inputs and config unchanged",
                 "rows_out": old["rows_out"], "dir": out_dir}
     renderer = Renderer(load_tokenizer(cfg.tokenizer), template_kwargs(cfg.raw), tool_choice(cfg.raw))
-    tmp_dir = fresh_build_dir(out_dir)
     stats = new_stats()
-    writer = ShardWriter(tmp_dir, cfg.tokenize.shard_rows)
+    build = ShardBuild(out_dir, cfg.tokenize.shard_rows)
     opts = cfg.tokenize
-    try:
+    with build as writer:
         batch: List[Dict[str, Any]] = []
         wanted = _prompt_ids(paths.in_work(cfg.work_dir, paths.PROMPTS))
         for row in _rows(src, stats, wanted):
@@ -467,17 +507,10 @@ def run_tokenize(cfg: Any, force: bool = False, src: Optional[str] = None) -> Di
                              opts.prompt_check_tolerance, token_exact=True)
         stats["rows_out"] += len(done)
         writer.write(done)
-        writer.close()
-    except BaseException:
-        writer.abort()
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
-    final_shards = [os.path.join(out_dir, os.path.basename(s)) for s in writer.shards]
     manifest = dict(stats, stage="tokenize", fingerprint=fp, version=__version__, source=src,
                     tokenizer=cfg.tokenizer, max_length=cfg.max_length, supervise=opts.supervise,
-                    shards=final_shards, seconds=round(time.monotonic() - t0, 3), peak_rss_mib=round(peak_rss_mib(), 1))
-    write_json(os.path.join(tmp_dir, paths.MANIFEST), manifest)
-    swap_dir(tmp_dir, out_dir)
+                    shards=build.shards, seconds=round(time.monotonic() - t0, 3), peak_rss_mib=round(peak_rss_mib(), 1))
+    build.publish(manifest)
     pc = stats["prompt_check"]
     return {"stage": "tokenize", "skipped": False, "rows_in": stats["rows_in"], "rows_out": stats["rows_out"],
             "skipped_rows": stats["skipped"], "token_exact": stats["token_exact"],

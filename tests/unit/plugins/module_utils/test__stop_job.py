@@ -1,6 +1,6 @@
-"""The runner of training_stop at its boundary: the pure helpers it is made of, and what it returns for bad
-options before it takes the lock. The climb itself is covered end to end by tests/unit/plugins/modules/
-test_training_stop.py (real processes, real tmux)."""
+"""The runner of training_stop at its boundary: the pure helpers it is made of (_stop_job_scan,
+_stop_job_report), and what it returns for bad options before it takes the lock. The climb itself is
+covered end to end by tests/unit/plugins/modules/test_training_stop.py (real processes, real tmux)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _stop_job
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _stop_job, _stop_job_report, _stop_job_scan
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import Member, Selection
 
@@ -31,16 +31,16 @@ def params(**over):
 def test_launchers_first_orders_by_depth_then_pid():
     members = (member(30, 30, 1), member(20, 10, 0, "match"), member(10, 10, 0, "match"), member(25, 10, 1))
     sel = Selection({m.pid: m for m in members}, [], [])
-    assert [(m.pid, m.depth) for m in _stop_job.launchers_first(sel)] == [(10, 0), (20, 0), (25, 1), (30, 1)]
+    assert [(m.pid, m.depth) for m in _stop_job_scan.launchers_first(sel)] == [(10, 0), (20, 0), (25, 1), (30, 1)]
 
 
 def test_root_groups_add_the_terminal_foreground_group_only_when_it_is_the_job_s():
     members = [member(100, 100, 0, "match"), member(200, 150, 1), member(300, 300, 1)]
     # the launcher's terminal has the job's group 150 in the foreground: Ctrl-C would reach it
-    assert _stop_job.root_groups(members, tpgid=lambda pid: 150) == {100, 150}
+    assert _stop_job_scan.root_groups(members, tpgid=lambda pid: 150) == {100, 150}
     # a foreground group outside the job (the operator's shell) is never added; no terminal (-1) adds nothing
-    assert _stop_job.root_groups(members, tpgid=lambda pid: 999) == {100}
-    assert _stop_job.root_groups(members, tpgid=lambda pid: -1) == {100}
+    assert _stop_job_scan.root_groups(members, tpgid=lambda pid: 999) == {100}
+    assert _stop_job_scan.root_groups(members, tpgid=lambda pid: -1) == {100}
 
 
 @pytest.mark.parametrize("over, fragment", [
@@ -89,12 +89,12 @@ def test_nothing_selected_reports_the_last_ladder_for_this_selection(tmp_path):
     ({"state": "done", "pid": 7, "finished": 0}, "ended at 1970-01-01T00:00:00Z: nothing was left to stop"),
 ])
 def test_previous_note(previous, expected):
-    note = _stop_job.previous_note(previous)
+    note = _stop_job_report.previous_note(previous)
     assert (note is None) if expected is None else (expected in note and "pid 7" in note)
 
 
 def test_holders_text_is_bounded():
     holders = [{"pid": pid, "name": "python3", "device": "/dev/nvidia0", "cmdline": "python3 train.py"}
                for pid in range(1, 26)]
-    text = _stop_job.holders_text(holders)
+    text = _stop_job_report.holders_text(holders)
     assert text.count("pid ") == 20 and text.endswith(" ... and 5 more")
