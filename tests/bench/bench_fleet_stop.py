@@ -14,6 +14,8 @@ the lab suites' short ladder, tests/support/stop_training.py ``FAST``), the same
   ct200   ``--limit ct200``: one container
   ct210   ``--limit ct210``: the other one alone (the two nodes are not identical: both singles are measured)
   both    both containers in one run, in parallel (forks)
+  serial  both containers in one run with ``--forks 1`` (each task on one host, then the other): the
+          baseline, what the parallel run saves
 
 Variants run interleaved round by round, their order rotated each round, so machine load hits all alike.
 Before each run the trainers the previous run stopped are restarted (tests/support/lab.py ``trainer``, the
@@ -39,7 +41,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from tests.support.lab import MAIN_CT, NODE2_CT, fleet_skip_reason, lab_status, trainer
 from tests.support.paths import FLEET_INVENTORY
@@ -47,7 +49,10 @@ from tests.support.playbook import run_playbook
 from tests.support.stop_training import FAST, REPURPOSE_PLAYBOOK
 
 HOSTS = {"ct200": MAIN_CT, "ct210": NODE2_CT}
-VARIANTS: Dict[str, Tuple[str, ...]] = {"ct200": ("ct200",), "ct210": ("ct210",), "both": ("ct200", "ct210")}
+BOTH = ("ct200", "ct210")
+# name: (hosts, forks; None: --forks)
+VARIANTS: Dict[str, Tuple[Tuple[str, ...], Optional[int]]] = {
+    "ct200": (("ct200",), None), "ct210": (("ct210",), None), "both": (BOTH, None), "serial": (BOTH, 1)}
 GOAL = 1.3
 
 
@@ -102,7 +107,8 @@ def ratios(med: Dict[str, Dict[str, float]], pooled: Dict[str, float]) -> Dict[s
     return {"both/slower_single_wall": med["both"]["wall"] / max(med["ct200"]["wall"], med["ct210"]["wall"]),
             "both/singles_wall": med["both"]["wall"] / pooled["wall"],
             "both/slower_single_play": med["both"]["play"] / max(med["ct200"]["play"], med["ct210"]["play"]),
-            "both/singles_play": med["both"]["play"] / pooled["play"]}
+            "both/singles_play": med["both"]["play"] / pooled["play"],
+            "serial/both_wall": med["serial"]["wall"] / med["both"]["wall"]}
 
 
 def main() -> int:
@@ -124,17 +130,20 @@ def main() -> int:
         for rnd in range(args.rounds):
             order = names[rnd % len(names):] + names[:rnd % len(names)]
             for name in order:
+                hosts, forks = VARIANTS[name]
                 for host in stopped:
                     trainer("graceful", HOSTS[host])
-                res = stop_once(VARIANTS[name], args.forks)
-                stopped = list(VARIANTS[name])
+                res = stop_once(hosts, forks or args.forks)
+                stopped = list(hosts)
                 samples[name].append(res)
                 print("round %d  %-6s wall %6.2f s  play %6.2f s" % (rnd + 1, name, res["wall"], res["play"]),
                       flush=True)
     finally:
-        # leave the lab as the suites expect it: both graceful trainers running
-        for host in stopped:
-            trainer("graceful", HOSTS[host])
+        # leave the lab as the suites expect it, whatever happened: both graceful trainers running
+        left = running(lab_status() or {"trainer": {}, "node2": {"trainer": {}}})
+        for host in HOSTS:
+            if not left[host]:
+                trainer("graceful", HOSTS[host])
     med = {n: {k: statistics.median(s[k] for s in samples[n]) for k in ("wall", "play")} for n in names}
     singles = samples["ct200"] + samples["ct210"]
     pooled = {k: statistics.median(s[k] for s in singles) for k in ("wall", "play")}
