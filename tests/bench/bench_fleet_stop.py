@@ -29,7 +29,17 @@ callback. The report gives medians per variant and the ratio both / one, against
 (parallel stops end with the slower one) and against the two singles pooled. Goal (issue 15): the wall
 time on two containers stays close to one container's, <= 1.3x.
 
-Measured here (2 shared cores, both trainers running; 3 rounds, forks 2): see README's benchmark table.
+Measured here (2 shared cores, other work running; medians of 5 rounds, forks 2, about 5 minutes):
+
+  variant   wall s   play s
+  ct200       9.33     7.36
+  ct210      10.09     7.69
+  both       12.26     9.35     1.22x the slower single (wall and play); 1.28x in an earlier 3-round run
+  serial     16.33    12.68     1.33x the parallel run
+
+Two containers cost about a fifth more than one, not double: the stops run at once, each under its own
+lock. The fifth is most likely the CPU (two forks' ansible workers, ssh and pct hops on two shared
+cores); this bench does not break it down by task.
 """
 
 from __future__ import annotations
