@@ -101,7 +101,7 @@ def test_both_nodes_are_stopped_in_one_run_with_a_fleet_summary(fleet):
     assert "Plan, before any signal: CT 210 on lab-pve2" in out
     # each its own lock, in its own container, released at the end
     taken = task_output(out, "Lock | Take the run lock")
-    assert "changed: [ct200]" in taken and "changed: [ct210]" in taken, taken
+    assert "ok: [ct200]" in taken and "ok: [ct210]" in taken, taken
     status = lab_status()
     assert not any(t["running"] for t in trainers(status).values())
     # both nodes' GPUs are free, each as its own PVE host's nvidia-smi sees them
