@@ -7,20 +7,25 @@
 ``playbooks/repurpose_ct200.yml`` with ``inventories/lab-fleet``: CT200 behind the lab's PVE host
 (127.0.0.1:2222) and CT210 behind the second one (127.0.0.1:2223), each with its own trainer and its
 own 8 fake GPUs. Both are stopped in one run, each under its own lock with its own summary, then one
-fleet summary; a container that fails does not stop the other, and ``--limit`` re-runs just it.
-Skipped with the reason when the second node is not up.
+fleet summary; a container that fails (its ladder, or its lock held by another run) does not stop the
+other, and ``--limit`` re-runs just it. Skipped with the reason when the second node is not up.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
+from ansible_collections.gpuops.repurpose.plugins.module_utils._lock import acquire, controller_identity
+from tests.support.ct200 import LOCK
 from tests.support.lab import MAIN_CT, NODE2_CT, lab_status, trainer
 from tests.support.paths import FLEET_INVENTORY
 from tests.support.playbook import PlaybookRun, recap, run_playbook
-from tests.support.ssh import on_host
+from tests.support.ssh import attach, on_host
 from tests.support.stop_training import REPURPOSE_PLAYBOOK
 
 LADDER = [
@@ -46,6 +51,20 @@ def host_gpus(status: dict, port: int) -> list[int]:
 def play(*args: str, extra: dict | None = None) -> PlaybookRun:
     """The repurpose playbook on the two-node lab's inventory with ``FAST``, then EXTRA, then ARGS."""
     return run_playbook(REPURPOSE_PLAYBOOK, FLEET_INVENTORY, [FAST] + ([extra] if extra else []), args)
+
+
+def lock_record(status: dict, vmid: str) -> str:
+    """The stop_training run lock file in container VMID, read through lxc-attach (not the code under test);
+    '' when nobody holds it."""
+    return attach(status, "cat", LOCK, vmid=vmid, check=False).stdout.strip()
+
+
+def task_output(out: str, name: str) -> str:
+    """What the default callback printed under the one task whose header holds NAME (asserted to be one)."""
+    assert out.count(name) == 1, "%r %d times" % (name, out.count(name))
+    start = out.index(name)
+    end = out.find("\nTASK [", start)
+    return out[start:end if end >= 0 else len(out)]
 
 
 def fleet_lines(out: str) -> list[str]:
@@ -78,12 +97,19 @@ def test_both_nodes_are_stopped_in_one_run_with_a_fleet_summary(fleet):
     # each container its own plan and summary, through its own PVE host
     assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
     assert "RESULT: CT 210 on lab-pve2: training stopped, GPUs free." in out
-    assert out.count("Stop | Plan") >= 1 and "ok: [ct210]" in out
+    assert "Plan, before any signal: CT 200 on lab-pve" in out
+    assert "Plan, before any signal: CT 210 on lab-pve2" in out
+    # each its own lock, in its own container, released at the end
+    taken = task_output(out, "Lock | Take the run lock")
+    assert "ok: [ct200]" in taken and "ok: [ct210]" in taken, taken
     status = lab_status()
     assert not any(t["running"] for t in trainers(status).values())
     # both nodes' GPUs are free, each as its own PVE host's nvidia-smi sees them
     for port in (status["port"], status["node2"]["port"]):
         assert max(host_gpus(status, port)) < 100, port
+    assert lock_record(status, MAIN_CT) == "" and lock_record(status, NODE2_CT) == ""
+    # one fleet summary, at the end, for both
+    assert out.count("Fleet | Summary]") == 1, out[-4000:]
     lines = fleet_lines(out)
     assert lines[0].startswith("FLEET: 2 of 2 container(s) stopped with their GPUs free"), lines
     assert any(line.startswith("ct200 (CT 200 on lab-pve): stopped, 9 process(es) by rung SIGINT") and
@@ -128,3 +154,37 @@ def test_a_failing_container_never_stops_the_other_and_limit_reruns_it(fleet, tm
     lines2 = fleet_lines(out2)
     assert lines2[0].startswith("FLEET: 1 of 1 container(s) stopped"), lines2
     assert not lab_status()["node2"]["trainer"]["running"]
+
+
+def test_a_lock_held_on_one_container_holds_back_only_that_one(fleet):
+    """Another run (this test process, alive on this controller) holds CT210's run lock: CT210 fails after its
+    bounded wait, naming that run, with nothing signalled; CT200, under its own lock, is stopped all the same."""
+    trainer("graceful", MAIN_CT)
+    before = trainer("graceful", NODE2_CT)
+    me = dict(controller_identity(os.getpid(), os.uname().nodename), user="awx", awx_job_id="41")
+    with tempfile.TemporaryDirectory() as tmp:  # the holder record as run_lock writes it (_lock.acquire)
+        local = Path(tmp) / "stop_training.lock"
+        acquire(str(local), "other-run", me, 0, 600)
+        record = local.read_text()
+    attach(fleet, "sh", "-c", 'mkdir -p "${1%/*}" && printf %s "$2" > "$1"', "sh", LOCK, record, vmid=NODE2_CT)
+    try:
+        done = play(extra={"stop_training_ladder": LADDER, "stop_training_lock_timeout": 2})
+    finally:
+        held = lock_record(fleet, NODE2_CT)
+        attach(fleet, "rm", "-f", LOCK, vmid=NODE2_CT)
+    out = done.output
+    assert done.rc != 0, out[-4000:]
+    assert recap(out, "ct200")["failed"] == 0 and recap(out, "ct210")["failed"] == 1
+    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
+    assert "Another run holds the stop_training lock on CT 210" in out and "run other-run, AWX job 41" in out
+    assert json.loads(held)["run_id"] == "other-run", held  # never taken over from a live run
+    status = lab_status()
+    assert not status["trainer"]["running"] and lock_record(status, MAIN_CT) == ""
+    # nothing signalled on CT210: the same trainer still runs
+    assert status["node2"]["trainer"]["running"]
+    assert status["node2"]["trainer"]["host_pids"]["launcher"] == before["host_pids"]["launcher"]
+    lines = fleet_lines(out)
+    assert lines[0].startswith("FLEET: 1 of 2 container(s) stopped"), lines
+    assert any(line.startswith("ct210 (CT 210 on lab-pve2): FAILED in stop_training") and "other-run" in line
+               for line in lines), lines
+    assert "Re-run just these: ansible-playbook ... --limit ct210" in lines
