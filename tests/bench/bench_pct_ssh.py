@@ -33,13 +33,13 @@ import tempfile
 from pathlib import Path
 
 from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
-from tests.support.lab import skip_reason
+from tests.support.lab import lab_status, skip_reason
 from tests.support.playbook import run_playbook
 
 
 def lab_or_exit() -> dict:
     """The lab's status; exit naming the reason when a lab test would be skipped (tests/support/lab.py)."""
-    status = lab_or_exit()
+    status = lab_status()
     reason = skip_reason(status)
     if reason:
         sys.exit(reason)
