@@ -87,11 +87,12 @@ def serving_problems(lab: dict, latency: str) -> list:
         argv = attach(lab, "cat", f"/proc/{pid}/cmdline", check=False).stdout.split("\0")
         if show(lab, unit, "ActiveState") != "active" or f"--latency\0{latency}" not in "\0".join(argv):
             problems.append(f"{unit} (PID {pid}) does not run the new command line: {argv}")
-    ps = attach(lab, "ps", "-eo", "args", check=False).stdout.splitlines()
+    ps = attach(lab, "ps", "-ww", "-eo", "args", check=False).stdout.splitlines()
     standins = [a for a in ps if "sglang_standin/standin.py" in a and not a.startswith(("sh ", "/bin/sh"))]
     if len(standins) != len(units):
         problems.append(f"{len(standins)} stand-in processes for {len(units)} worker units: {standins}")
-    routers = [a for a in ps if "sglang_router" in a or "sglang-router" in a]
+    # sglang-router names its process "sglang::router" (its cmdline is that title alone)
+    routers = [a for a in ps if a.startswith("sglang::router") or "sglang_router.launch_router" in a]
     if len(routers) != 1:
         problems.append(f"{len(routers)} router processes: {routers}")
     return problems
