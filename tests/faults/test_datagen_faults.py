@@ -32,11 +32,12 @@ from harness import StandinProcess
 
 from datagen import space
 from tests.support import datagen_rows as fx
+from tests.support import datagen_stages as stages
 from tests.support.paths import DATAGEN_FILES
 
 FILES = str(DATAGEN_FILES)
 
-PIPELINE = ("prepare", "generate", "tokenize", "merge", "report")
+PIPELINE = stages.PIPELINE
 ROWS = 1200  # enough that every stage runs long enough (tens of ms at least) to be killed mid-way
 KILL_WAIT_S = 60  # bound on waiting for a stage to reach its kill point
 
@@ -89,24 +90,12 @@ def make_config(tmp_path: Path, work: Path, standin, n_existing: int = 200) -> s
 
 
 def _lines(path: Path) -> int:
-    try:
-        with open(path, "rb") as fh:
-            return sum(1 for line in fh if line.strip())
-    except OSError:
-        return 0
+    return stages.lines(str(path))
 
 
 def kill_point(stage: str, work: Path) -> Callable[[], bool]:
     """True once ``stage`` has visibly started writing its output (the moment its kill lands)."""
-    if stage == "prepare":
-        return (work / "prepare.spool.jsonl").exists
-    if stage == "generate":
-        return lambda: _lines(work / "generated.jsonl") >= ROWS // 3
-    if stage == "tokenize":
-        return lambda: bool(glob.glob(str(work / "tokenized.tmp-*")))
-    if stage == "merge":
-        return lambda: bool(glob.glob(str(work / "merged.tmp-*")))
-    return (work / "report").is_dir
+    return lambda: stages.kill_point_reached(stage, str(work), ROWS)
 
 
 def kill_stage_at(stage: str, cfg: str, reached: Callable[[], bool]) -> Dict[str, object]:
@@ -134,28 +123,9 @@ def kill_stage_at(stage: str, cfg: str, reached: Callable[[], bool]) -> Dict[str
 
 def check_dataset(work: Path) -> Dict[str, int]:
     """Every prepared id exactly once in tokenized and merged; shards whole; nothing of a dead build left."""
-    import pyarrow.parquet as pq
-
-    ids = [json.loads(line)["id"] for line in open(work / "prompts.jsonl", encoding="utf-8")]
-    assert len(ids) == len(set(ids)) == ROWS
-    generated = [json.loads(line)["id"] for line in open(work / "generated.jsonl", encoding="utf-8")]
-    assert sorted(generated) == sorted(ids), "generate lost or doubled rows"
-    lost = 0
-    for sub in ("tokenized", "merged"):
-        man = json.loads((work / sub / "manifest.json").read_text())
-        rows = []
-        for shard in man["shards"]:
-            table = pq.read_table(shard)  # a truncated shard does not read (no footer)
-            rows += table.column("id").to_pylist() if sub == "tokenized" else [
-                r["id"] for r in table.select(["id", "origin"]).to_pylist() if r["origin"] == "new"]
-        assert len(rows) == len(set(rows)), f"{sub}: an id appears twice"
-        lost += len(set(ids) - set(rows))
-        assert sorted(rows) == sorted(ids), f"{sub}: rows lost or extra"
-        assert sorted(glob.glob(str(work / sub / "*.parquet"))) == sorted(man["shards"]), f"{sub}: stray shard"
-    assert (work / "report" / "report.json").exists()
-    left = glob.glob(str(work / "*.tmp-*")) + glob.glob(str(work / "*.old-*")) + glob.glob(str(work / "*.tmp"))
-    assert left == [], f"left behind by the killed run: {left}"
-    return {"rows": len(ids), "lost": lost}
+    problems, lost = stages.dataset_problems(str(work), ROWS)
+    assert problems == [], problems
+    return {"rows": ROWS, "lost": lost}
 
 
 @pytest.mark.parametrize("stage", PIPELINE)
@@ -168,6 +138,7 @@ def test_stage_killed_then_unit_restarted(stage, tmp_path, standin, figures):
     figures.injected("datagen stage SIGKILLed: " + stage)
     assert kill["landed"], f"{stage} finished before its kill point (rc {kill['rc']}): {kill['stderr'][-2000:]}"
     assert kill["rc"] == -signal.SIGKILL
+    assert not stages.stage_done(stage, str(work), ROWS), f"{stage} finished before the kill landed"
     # the killed stage's output is not taken as done: the restart redoes it
     summaries = dict(zip(PIPELINE, run_unit(cfg)))
     assert summaries[stage].get("skipped") in (False, None), f"{stage}: the half-done output was taken as done"

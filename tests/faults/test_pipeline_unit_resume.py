@@ -28,7 +28,8 @@ def render(name: str, work: str, config: str) -> str:
         sglang_datagen_use_router=False, sglang_datagen_work_dir=work, sglang_datagen_home="/opt/datagen",
         sglang_datagen_venv="/opt/datagen/venv", sglang_datagen_config_path=config,
         sglang_datagen__config={"generate": {"concurrency": 4}, "servers": ["http://127.0.0.1:30000"]},
-        sglang_datagen_resume_after_boot_delay=30, sglang_datagen__needs_key=False,
+        sglang_datagen_resume_after_boot_delay=30, sglang_datagen_pipeline_restart_delay=60,
+        sglang_datagen__needs_key=False,
         sglang_datagen__all_worker_urls=["http://127.0.0.1:30001"])
 
 

@@ -185,3 +185,43 @@ def adhoc_json_result(done: subprocess.CompletedProcess, host: str) -> dict:
     except ValueError:
         raise AssertionError("ansible gave no JSON (rc %s): %s %s"
                              % (done.returncode, done.stdout[-2000:], done.stderr[-2000:])) from None
+
+
+def start_until_banner(proc: subprocess.Popen, task: str, timeout: float = 300) -> List[str]:
+    """PROC's output lines up to and including the first ``TASK [... TASK]`` banner (the default callback prints
+    it as the task starts); AssertionError when the play ends or TIMEOUT passes before it."""
+    seen: List[str] = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("TASK [") and line.split("]", 1)[0].endswith(task):
+            return seen
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError("the play never reached task %r; output:\n%s" % (task, "".join(seen)[-4000:]))
+
+
+def kill_playbook(proc: subprocess.Popen, with_workers: bool = True) -> List[int]:
+    """SIGKILL a started playbook (:func:`start_playbook`): its process group, and with WITH_WORKERS every
+    descendant outside it too (ansible-core 2.19's workers ``setsid`` out of the group), as a controller that
+    dies whole; the PIDs killed outside the group."""
+    import signal
+
+    from tests.support.procfs import descendants
+
+    killed: List[int] = []
+    for _round in range(3):  # a fork in progress shows up on the next look
+        pids = [proc.pid, *descendants(proc.pid)] if with_workers else []
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    proc.wait(timeout=30)
+    return killed
