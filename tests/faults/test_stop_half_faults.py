@@ -26,12 +26,12 @@ import subprocess
 import time
 
 import pytest
-from signal_audit import read_audit
 
 from tests.support import ct200, playbook, ssh
 from tests.support import lab as lab_support
 from tests.support import stop_training as stop
 from tests.support.procfs import descendants
+from tests.support.stop_faults import RUNG_SIGNALS, audit, audit_boot, checkpoint_ok, stopped_states
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
 
@@ -41,9 +41,6 @@ BEHAVIOUR = "stubborn"  # workers ignore SIGINT/SIGTERM: every rung of the ladde
 LADDER = [{"signal": "SIGINT", "via": "tmux", "timeout": 2},
           {"signal": "SIGTERM", "timeout": 2},
           {"signal": "SIGKILL", "timeout": 5}]
-# the catchable rungs, and the SIGCONT training_stop sends every process of its snapshot after each of them
-# (so a stopped process can act on it); SIGKILL is seen by the process's absence
-RUNG_SIGNALS = {"SIGINT", "SIGTERM", "SIGCONT"}
 CATCHABLE_RUNGS = sum(1 for r in LADDER if r["signal"] != "SIGKILL")
 FAULT_VARS = dict(stop.FAST, stop_training_ladder=LADDER, stop_training_lock_timeout=30)
 BANNER = re.compile(r"^TASK \[(.+?)\]", re.M)
@@ -103,25 +100,6 @@ def run_until_banner(k: int) -> tuple[subprocess.Popen, list[str]]:
     return proc, seen  # the play ended before banner k+1
 
 
-# ---------------------------------------------------------------- what the container says
-
-def audit(lab: dict) -> list[dict]:
-    return read_audit(lab["signal_audit"]["host_dir"])
-
-
-def stopped_states(lab: dict, pids) -> list[int]:
-    out = ssh.in_ct(lab, "ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids)), check=False).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if line.split()[1].startswith("T")]
-
-
-def checkpoint_ok(lab: dict) -> bool:
-    py = ("import fake_trainer as f, glob;"
-          "bad = [p for p in glob.glob('/root/dflash/checkpoints/ckpt-*.bin') if f.verify_checkpoint(p) is None];"
-          "print(len(bad))")
-    done = ssh.in_ct(lab, "env", "PYTHONPATH=/opt/lab/trainer", "python3", "-c", py, check=False)
-    return done.returncode == 0 and done.stdout.strip() == "0"
-
-
 def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: list[str]) -> None:
     started = lab_support.trainer(BEHAVIOUR)
     job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
@@ -167,10 +145,6 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
     assert wrong == 0, f"{name}: decoys signalled or gone: before {decoys_before}, now {now}"
     assert checkpoint_ok(lab), f"{name}: a checkpoint does not verify"
     figures.survived(name, wrongly_signalled=wrong)
-
-
-def audit_boot(lab: dict) -> str:
-    return ssh.in_ct(lab, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
 
 
 FULL = os.environ.get("GPUOPS_FAULTS_FULL") == "1"
