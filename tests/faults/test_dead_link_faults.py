@@ -39,7 +39,8 @@ import pytest
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
 from tests.support import ct200
 from tests.support import lab as lab_support
-from tests.support.playbook import ansible_env, start_adhoc
+from tests.support.paths import ROOT
+from tests.support.playbook import adhoc_argv, ansible_env, start_adhoc
 from tests.support.procfs import descendants
 from tests.support.stop_faults import (
     RUNG_SIGNALS,
@@ -93,6 +94,13 @@ def lab(lab):
 def adhoc(env: dict, module_args: dict) -> subprocess.Popen:
     """training_stop on ct200 through real ``ansible`` (one-line output)."""
     return start_adhoc("ct200", "gpuops.repurpose.training_stop", module_args, options=["-o"], env=env)
+
+
+def start_adhoc_in_group(env: dict, module_args: dict) -> subprocess.Popen:
+    """training_stop through ``ansible`` as its own process group leader (killable as a group, like a job)."""
+    argv = adhoc_argv("ct200", "gpuops.repurpose.training_stop", module_args, options=["-o"])
+    return subprocess.Popen(argv, cwd=str(ROOT), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def host_trainer_pids(lab: dict) -> list:
@@ -225,5 +233,93 @@ def test_link_cut_during_each_rung(lab, figures, tmp_path, cut, rung, behaviour)
         assert signals.count("SIGINT") <= 1 and signals.count("SIGTERM") <= 1 + forward, (role, signals)
     assert checkpoint_ok(lab), "%s: a checkpoint does not verify" % name
     assert not [a for a in ct200.ct_processes(lab).values() if "training_stop" in a or "AnsiballZ" in a]
+    assert ct200.lock_holder(lab) is None
+    figures.survived(name, wrongly_signalled=wrong)
+
+
+# ---------------------------------------------------------------- the controller dies, its worker must follow
+
+WORKER_EXIT_BOUND_S = 5.0  # the kernel's parent-death signal is immediate; the worker's own SIGTERM handler ends it
+
+
+def controller_tree(root: int) -> dict:
+    """PID -> argv of ROOT's descendants now, the pct_ssh control master left out (it is meant to persist)."""
+    tree = {}
+    for pid in descendants(root):
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as fh:
+                argv = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if "--serve" not in argv:
+            tree[pid] = argv
+    return tree
+
+
+def alive(pid: int, argv: str) -> bool:
+    """PID still runs ARGV (not gone, not a zombie, not reused)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            now = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return False
+    return now == argv and not gone(pid)
+
+
+def test_controller_process_group_killed_during_the_sigterm_rung(lab, figures, tmp_path):
+    """``ansible`` SIGKILLed (its process group only, as ``kill -9 -PGID`` or a cancelled job does) while its
+    worker waits on the ladder: ansible-core 2.19's workers setsid out of that group, so only the kernel's
+    parent-death signal (pct_ssh asks for it in the worker) ends them. No worker of the run survives past
+    the bound; the ladder finishes on its own and the re-run reports it; nothing outside the run signalled."""
+    name = "ansible SIGKILLed (process group only) during the SIGTERM rung, stubborn trainer"
+    steps = ladder()
+    control_dir = str(tmp_path / "cp")
+    env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
+    started = lab_support.trainer("stubborn")
+    job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
+    wait_for(lambda: len(ct200.trainer_pids(lab)) == len(job) and ct200.trainer_pids(lab), 60, "the trainer")
+    decoys_before = ct200.decoy_pids(lab)
+    with lab_support.lab_lock(lab):
+        since = time.time() - 1
+        run = start_adhoc_in_group(env, args(steps))
+        try:
+            record = wait_for(lambda: my_record(lab, since).get("state") == "running" and my_record(lab, since), 60,
+                              "the ladder to start")
+            time.sleep(max(0.0, record["started"] + steps[0]["timeout"] + CUT_INTO_S - time.time()))
+            workers = controller_tree(run.pid)
+            assert workers, "no worker under ansible (pid %d) while its task runs" % run.pid
+            os.killpg(run.pid, signal.SIGKILL)  # the group only: the setsid'd workers are not in it
+            figures.injected(name)
+            killed_at = time.monotonic()
+            run.wait(30)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait()
+        try:
+            wait_for(lambda: not [p for p, a in workers.items() if alive(p, a)], WORKER_EXIT_BOUND_S,
+                     "every worker of the killed run to exit", interval=0.05)
+        finally:
+            survivors = [p for p, a in workers.items() if alive(p, a)]
+            for pid in survivors:  # this run's own processes, by PID: never leave them behind
+                os.kill(pid, signal.SIGKILL)
+        figures.wait("worker gone after its controller was killed", time.monotonic() - killed_at, WORKER_EXIT_BOUND_S)
+
+        wait_for(lambda: not ct200.trainer_pids(lab), sum(s["timeout"] for s in steps) + 30,
+                 "the ladder to finish the job on its own")
+        record = wait_for(lambda: my_record(lab, since).get("state") in ("done", "failed") and my_record(lab, since),
+                          30, "the ladder's record")
+        assert record["state"] == "done" and record["stopped_by"] == "SIGKILL", record
+        rerun = adhoc(env, args(steps))
+        out, _err = rerun.communicate(timeout=300)
+        state, result = result_of(out)
+        assert state == "SUCCESS" and not result["changed"] and result["selected"] == [], out
+        assert result["previous"]["pid"] == record["pid"] and result["previous"]["stopped_by"] == "SIGKILL", result
+        stop_masters(control_dir)
+    wrong = wrongly_signalled(lab, decoys_before)
+    assert wrong == 0
+    for pid, (role, signals) in job_signals(lab, job).items():
+        assert set(signals) <= RUNG_SIGNALS, (role, pid, signals)
+    assert checkpoint_ok(lab)
     assert ct200.lock_holder(lab) is None
     figures.survived(name, wrongly_signalled=wrong)
