@@ -44,7 +44,10 @@ from tests.support.playbook import adhoc_argv, ansible_env, start_adhoc
 from tests.support.procfs import descendants
 from tests.support.stop_faults import (
     RUNG_SIGNALS,
+    WORKER_EXIT_BOUND_S,
     checkpoint_ok,
+    controller_tree,
+    gone,
     job_signals,
     master_pid,
     my_record,
@@ -52,6 +55,7 @@ from tests.support.stop_faults import (
     serving_sshd,
     stop_masters,
     stopped_states,
+    workers_gone_within_bound,
     wrongly_signalled,
 )
 from tests.support.wait import wait_for
@@ -116,14 +120,6 @@ def host_trainer_pids(lab: dict) -> list:
         if any(a.endswith(b"fake_trainer.py") for a in argv):
             found.append(pid)
     return found
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def wait_for_cut_moment(lab: dict, record: dict, rung: int, steps: list, watch: list) -> None:
@@ -239,33 +235,6 @@ def test_link_cut_during_each_rung(lab, figures, tmp_path, cut, rung, behaviour)
 
 # ---------------------------------------------------------------- the controller dies, its worker must follow
 
-WORKER_EXIT_BOUND_S = 5.0  # the kernel's parent-death signal is immediate; the worker's own SIGTERM handler ends it
-
-
-def controller_tree(root: int) -> dict:
-    """PID -> argv of ROOT's descendants now, the pct_ssh control master left out (it is meant to persist)."""
-    tree = {}
-    for pid in descendants(root):
-        try:
-            with open("/proc/%d/cmdline" % pid, "rb") as fh:
-                argv = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
-            continue
-        if "--serve" not in argv:
-            tree[pid] = argv
-    return tree
-
-
-def alive(pid: int, argv: str) -> bool:
-    """PID still runs ARGV (not gone, not a zombie, not reused)."""
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as fh:
-            now = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
-    except OSError:
-        return False
-    return now == argv and not gone(pid)
-
-
 def test_controller_process_group_killed_during_the_sigterm_rung(lab, figures, tmp_path):
     """``ansible`` SIGKILLed (its process group only, as ``kill -9 -PGID`` or a cancelled job does) while its
     worker waits on the ladder: ansible-core 2.19's workers setsid out of that group, so only the kernel's
@@ -296,13 +265,7 @@ def test_controller_process_group_killed_during_the_sigterm_rung(lab, figures, t
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
                 run.wait()
-        try:
-            wait_for(lambda: not [p for p, a in workers.items() if alive(p, a)], WORKER_EXIT_BOUND_S,
-                     "every worker of the killed run to exit", interval=0.05)
-        finally:
-            survivors = [p for p, a in workers.items() if alive(p, a)]
-            for pid in survivors:  # this run's own processes, by PID: never leave them behind
-                os.kill(pid, signal.SIGKILL)
+        workers_gone_within_bound(workers)
         figures.wait("worker gone after its controller was killed", time.monotonic() - killed_at, WORKER_EXIT_BOUND_S)
 
         wait_for(lambda: not ct200.trainer_pids(lab), sum(s["timeout"] for s in steps) + 30,

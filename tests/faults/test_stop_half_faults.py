@@ -5,7 +5,8 @@ The task boundaries come from a reference run of the same play (its ``TASK [...]
 the default callback prints as each task starts, skipped ones included): the kill after task k
 lands the moment banner k+1 is printed. The whole controller dies: its process group and every
 descendant, including ansible-core 2.19's workers, which ``setsid`` themselves out of the group
-(one variant leaves those workers running, as a ``kill -9`` of the process group alone does).
+(one variant kills the process group alone, as ``kill -9 -PGID`` does: any worker it misses must then end
+on its own within ``WORKER_EXIT_BOUND_S``, pct_ssh having tied it to its controller).
 
 After each kill, a plain re-run must succeed; a second re-run changes nothing; the re-run's summary
 tells the truth (it stopped the processes still running, or says nothing was selected when the
@@ -31,7 +32,16 @@ from tests.support import ct200, playbook, ssh
 from tests.support import lab as lab_support
 from tests.support import stop_training as stop
 from tests.support.procfs import descendants
-from tests.support.stop_faults import RUNG_SIGNALS, audit, audit_boot, checkpoint_ok, stopped_states
+from tests.support.stop_faults import (
+    RUNG_SIGNALS,
+    WORKER_EXIT_BOUND_S,
+    audit,
+    audit_boot,
+    checkpoint_ok,
+    controller_tree,
+    stopped_states,
+    workers_gone_within_bound,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
 
@@ -107,8 +117,12 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
     t0 = time.monotonic()
     proc, seen = run_until_banner(k)
     assert len(seen) == k + 1, f"{name}: the play ended after {len(seen)} tasks, the reference run had {len(reference)}"
+    workers = {} if with_workers else controller_tree(proc.pid)  # the task's worker, if it is forked yet
     kill_controller(proc, with_workers)
     figures.injected(name)
+    if workers:  # left out of the kill: pct_ssh ties each to its controller, so they end on their own
+        figures.wait("workers gone after their controller's group was killed", workers_gone_within_bound(workers),
+                     WORKER_EXIT_BOUND_S)
     killed_after = seen[k - 1]
     left = ct200.trainer_pids(lab) & job
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
+import time
 from typing import Dict, Iterable, List, Set, Tuple
 
 from signal_audit import read_audit
@@ -68,6 +70,64 @@ def job_signals(lab: dict, job: Set[int]) -> Dict[int, Tuple[str, List[str]]]:
     boot = audit_boot(lab)
     return {rec["pid"]: (rec["role"], rec["signals"]) for rec in audit(lab)
             if rec["boot_id"] == boot and rec["pid"] in job and rec["role"] != "networkd-dispatcher"}
+
+
+# ---------------------------------------------------------------- the controller's workers
+
+# after a kill of the controller's process group, its workers (outside that group) must be gone within this:
+# pct_ssh ties each to its controller (the kernel's parent-death signal, then the worker's own SIGTERM handler)
+WORKER_EXIT_BOUND_S = 5.0
+
+
+def _argv(pid: int) -> str:
+    with open("/proc/%d/cmdline" % pid, "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+
+
+def gone(pid: int) -> bool:
+    """PID has exited (no such process, or a zombie)."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def controller_tree(root: int) -> Dict[int, str]:
+    """PID -> argv of ROOT's descendants now (its task workers, which setsid out of its group), the pct_ssh
+    control master left out: it is meant to outlive a run (control_persist)."""
+    tree = {}
+    for pid in descendants(root):
+        try:
+            argv = _argv(pid)
+        except OSError:
+            continue
+        if "_pct_ssh.py --serve" not in argv:
+            tree[pid] = argv
+    return tree
+
+
+def still_running(pid: int, argv: str) -> bool:
+    """PID still runs ARGV (not gone, not a zombie, not a reused PID)."""
+    try:
+        return _argv(pid) == argv and not gone(pid)
+    except OSError:
+        return False
+
+
+def workers_gone_within_bound(workers: Dict[int, str]) -> float:
+    """Wait until every one of WORKERS (from :func:`controller_tree`) has exited; AssertionError naming the
+    survivors after WORKER_EXIT_BOUND_S, which are then SIGKILLed by PID (this run's own processes, never
+    left behind). The seconds it took."""
+    start = time.monotonic()
+    end = start + WORKER_EXIT_BOUND_S
+    while time.monotonic() < end and any(still_running(p, a) for p, a in workers.items()):
+        time.sleep(0.05)
+    survivors = {p: a for p, a in workers.items() if still_running(p, a)}
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, "workers outlived their killed controller by %ss: %s" % (WORKER_EXIT_BOUND_S, survivors)
+    return time.monotonic() - start
 
 
 # ---------------------------------------------------------------- training_stop's ladder records, the link
