@@ -73,6 +73,9 @@ DETECT_BOUND_S = _pct_ssh.dead_after(_pct_ssh.Settings(host="pve1.example.intern
 SLACK_S = 15.0  # ansible's own start and end on a loaded 2-core machine
 
 
+ORPHAN_RUNG_S = 12.0  # the SIGTERM rung when the controller is killed in it (see the test)
+
+
 def ladder(first_rung_s: float = RUNG_S) -> list:
     return [{"signal": "SIGINT", "via": "tmux", "timeout": first_rung_s}, {"signal": "SIGTERM", "timeout": RUNG_S},
             {"signal": "SIGKILL", "timeout": KILL_RUNG_S}]
@@ -241,7 +244,11 @@ def test_controller_process_group_killed_during_the_sigterm_rung(lab, figures, t
     parent-death signal (pct_ssh asks for it in the worker) ends them. No worker of the run survives past
     the bound; the ladder finishes on its own and the re-run reports it; nothing outside the run signalled."""
     name = "ansible SIGKILLed (process group only) during the SIGTERM rung, stubborn trainer"
+    # a long SIGTERM rung: the task goes on ORPHAN_RUNG_S - CUT_INTO_S after the kill, longer than the bound, so
+    # a worker that merely finishes its task (as an untied one does, then fails to report) does not pass
     steps = ladder()
+    steps[1] = dict(steps[1], timeout=ORPHAN_RUNG_S)
+    assert ORPHAN_RUNG_S - CUT_INTO_S > WORKER_EXIT_BOUND_S + 3
     control_dir = str(tmp_path / "cp")
     env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
     started = lab_support.trainer("stubborn")
