@@ -31,6 +31,10 @@ description:
     policy, O(proxmox_become_method), O(pct_path), the controller user), so a job with other credentials never
     reuses another's logged-in connection. Its socket (mode 0600) lies in O(control_path_dir) (mode 0700, owned by
     the controller user; a foreign or symlinked directory is refused).
+  - "When the controller (C(ansible-playbook)) dies, even by a C(kill -9) of its process group only, each of its task workers
+    using this connection ends too (Linux: the kernel's parent-death signal, SIGTERM), instead of going on alone as
+    ansible-core's workers, which leave that group, otherwise do; a module that finishes on its own, such as
+    M(gpuops.repurpose.training_stop), finishes in the container and leaves its result for the re-run."
   - A stopped container, a missing container (or one on another cluster node), an unreachable host, a refused
     login and an unknown host key each fail with their own message.
   - Option and variable names follow P(community.proxmox.proxmox_pct_remote#connection) where they mean the same,
@@ -493,7 +497,7 @@ from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
-from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh, _pct_ssh_vars
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh, _pct_ssh_vars, _pct_ssh_worker
 
 display = Display()
 
@@ -585,6 +589,9 @@ class Connection(ConnectionBase):
     def _connect(self) -> Connection:
         if self._connected and self._session is not None:
             return self
+        # ansible-core's workers setsid out of the controller's process group: a kill -9 of that group (a
+        # cancelled job) would leave this worker waiting on its command for good; the kernel ends it instead
+        _pct_ssh_worker.tie_worker_to_controller()
         # bad input fails here, before anything reaches the network
         self._vmid()
         self._prefix()

@@ -5,7 +5,8 @@ The task boundaries come from a reference run of the same play (its ``TASK [...]
 the default callback prints as each task starts, skipped ones included): the kill after task k
 lands the moment banner k+1 is printed. The whole controller dies: its process group and every
 descendant, including ansible-core 2.19's workers, which ``setsid`` themselves out of the group
-(one variant leaves those workers running, as a ``kill -9`` of the process group alone does).
+(one variant kills the process group alone, as ``kill -9 -PGID`` does: any worker it misses must then end
+on its own within ``WORKER_EXIT_BOUND_S``, pct_ssh having tied it to its controller).
 
 After each kill, a plain re-run must succeed; a second re-run changes nothing; the re-run's summary
 tells the truth (it stopped the processes still running, or says nothing was selected when the
@@ -26,12 +27,21 @@ import subprocess
 import time
 
 import pytest
-from signal_audit import read_audit
 
 from tests.support import ct200, playbook, ssh
 from tests.support import lab as lab_support
 from tests.support import stop_training as stop
 from tests.support.procfs import descendants
+from tests.support.stop_faults import (
+    RUNG_SIGNALS,
+    WORKER_EXIT_BOUND_S,
+    audit,
+    audit_boot,
+    checkpoint_ok,
+    controller_tree,
+    stopped_states,
+    workers_gone_within_bound,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1800)]
 
@@ -41,9 +51,6 @@ BEHAVIOUR = "stubborn"  # workers ignore SIGINT/SIGTERM: every rung of the ladde
 LADDER = [{"signal": "SIGINT", "via": "tmux", "timeout": 2},
           {"signal": "SIGTERM", "timeout": 2},
           {"signal": "SIGKILL", "timeout": 5}]
-# the catchable rungs, and the SIGCONT training_stop sends every process of its snapshot after each of them
-# (so a stopped process can act on it); SIGKILL is seen by the process's absence
-RUNG_SIGNALS = {"SIGINT", "SIGTERM", "SIGCONT"}
 CATCHABLE_RUNGS = sum(1 for r in LADDER if r["signal"] != "SIGKILL")
 FAULT_VARS = dict(stop.FAST, stop_training_ladder=LADDER, stop_training_lock_timeout=30)
 BANNER = re.compile(r"^TASK \[(.+?)\]", re.M)
@@ -103,25 +110,6 @@ def run_until_banner(k: int) -> tuple[subprocess.Popen, list[str]]:
     return proc, seen  # the play ended before banner k+1
 
 
-# ---------------------------------------------------------------- what the container says
-
-def audit(lab: dict) -> list[dict]:
-    return read_audit(lab["signal_audit"]["host_dir"])
-
-
-def stopped_states(lab: dict, pids) -> list[int]:
-    out = ssh.in_ct(lab, "ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids)), check=False).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if line.split()[1].startswith("T")]
-
-
-def checkpoint_ok(lab: dict) -> bool:
-    py = ("import fake_trainer as f, glob;"
-          "bad = [p for p in glob.glob('/root/dflash/checkpoints/ckpt-*.bin') if f.verify_checkpoint(p) is None];"
-          "print(len(bad))")
-    done = ssh.in_ct(lab, "env", "PYTHONPATH=/opt/lab/trainer", "python3", "-c", py, check=False)
-    return done.returncode == 0 and done.stdout.strip() == "0"
-
-
 def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: list[str]) -> None:
     started = lab_support.trainer(BEHAVIOUR)
     job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
@@ -129,8 +117,12 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
     t0 = time.monotonic()
     proc, seen = run_until_banner(k)
     assert len(seen) == k + 1, f"{name}: the play ended after {len(seen)} tasks, the reference run had {len(reference)}"
+    workers = {} if with_workers else controller_tree(proc.pid)  # the task's worker, if it is forked yet
     kill_controller(proc, with_workers)
     figures.injected(name)
+    if workers:  # left out of the kill: pct_ssh ties each to its controller, so they end on their own
+        figures.wait("workers gone after their controller's group was killed", workers_gone_within_bound(workers),
+                     WORKER_EXIT_BOUND_S)
     killed_after = seen[k - 1]
     left = ct200.trainer_pids(lab) & job
 
@@ -167,10 +159,6 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
     assert wrong == 0, f"{name}: decoys signalled or gone: before {decoys_before}, now {now}"
     assert checkpoint_ok(lab), f"{name}: a checkpoint does not verify"
     figures.survived(name, wrongly_signalled=wrong)
-
-
-def audit_boot(lab: dict) -> str:
-    return ssh.in_ct(lab, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
 
 
 FULL = os.environ.get("GPUOPS_FAULTS_FULL") == "1"

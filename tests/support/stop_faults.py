@@ -1,0 +1,189 @@
+"""What the stop half's fault tests check in CT200 after a fault, and how they cut the SSH link under a ladder.
+
+The checks (the lab's signal audit, the decoys, the checkpoints) and the link-cut helpers (the
+``training_stop`` ladder records, the pct_ssh control master, the lab sshd's process serving it) are
+shared by tests/faults/test_stop_half_faults.py, tests/faults/test_dead_link_faults.py and
+tests/integration/test_pct_ssh_dead_link.py.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import time
+from typing import Dict, Iterable, List, Set, Tuple
+
+from signal_audit import read_audit
+
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
+from tests.support import ct200, ssh
+from tests.support.procfs import descendants, serving_processes
+
+# the catchable rungs, and the SIGCONT training_stop sends every process of its snapshot after each of them
+# (so a stopped process can act on it); SIGKILL is seen by the process's absence
+RUNG_SIGNALS = {"SIGINT", "SIGTERM", "SIGCONT"}
+
+
+# ---------------------------------------------------------------- the signal audit, decoys, checkpoints
+
+def audit(lab: dict) -> List[dict]:
+    """Every audited process's record (role, pid, boot_id, signals received), from the lab's audit directory."""
+    return read_audit(lab["signal_audit"]["host_dir"])
+
+
+def audit_boot(lab: dict) -> str:
+    return ssh.in_ct(lab, "cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
+
+
+def stopped_states(lab: dict, pids: Iterable[int]) -> List[int]:
+    """Those of PIDS in CT200 that are stopped (state T)."""
+    pids = list(pids)
+    if not pids:
+        return []
+    out = ssh.in_ct(lab, "ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids)), check=False).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if line.split()[1].startswith("T")]
+
+
+def checkpoint_ok(lab: dict) -> bool:
+    """Every checkpoint the fake trainer left in CT200 verifies (its own check: size, digest, ``latest``)."""
+    py = ("import fake_trainer as f, glob;"
+          "bad = [p for p in glob.glob('/root/dflash/checkpoints/ckpt-*.bin') if f.verify_checkpoint(p) is None];"
+          "print(len(bad))")
+    done = ssh.in_ct(lab, "env", "PYTHONPATH=/opt/lab/trainer", "python3", "-c", py, check=False)
+    return done.returncode == 0 and done.stdout.strip() == "0"
+
+
+def wrongly_signalled(lab: dict, decoys_before: Set[int]) -> int:
+    """Decoys hurt since DECOYS_BEFORE was taken: the networkd-dispatcher lookalike with any signal in its
+    audit (this boot), a decoy gone, or one stopped."""
+    boot = audit_boot(lab)
+    wrong = sum(1 for rec in audit(lab) if rec["boot_id"] == boot and rec["role"] == "networkd-dispatcher"
+                and rec["pid"] in decoys_before and rec["signals"])
+    now = ct200.decoy_pids(lab)
+    return wrong + len(set(decoys_before) - set(now)) + len(stopped_states(lab, now))
+
+
+def job_signals(lab: dict, job: Set[int]) -> Dict[int, Tuple[str, List[str]]]:
+    """PID -> (role, signals received) for the audited processes of JOB in this boot."""
+    boot = audit_boot(lab)
+    return {rec["pid"]: (rec["role"], rec["signals"]) for rec in audit(lab)
+            if rec["boot_id"] == boot and rec["pid"] in job and rec["role"] != "networkd-dispatcher"}
+
+
+# ---------------------------------------------------------------- the controller's workers
+
+# after a kill of the controller's process group, its workers (outside that group) must be gone within this:
+# pct_ssh ties each to its controller (the kernel's parent-death signal, then the worker's own SIGTERM handler)
+WORKER_EXIT_BOUND_S = 5.0
+
+
+def _argv(pid: int) -> str:
+    with open("/proc/%d/cmdline" % pid, "rb") as fh:
+        return fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+
+
+def gone(pid: int) -> bool:
+    """PID has exited (no such process, or a zombie)."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def controller_tree(root: int) -> Dict[int, str]:
+    """PID -> argv of ROOT's descendants now (its task workers, which setsid out of its group), the pct_ssh
+    control master left out: it is meant to outlive a run (control_persist)."""
+    tree = {}
+    for pid in descendants(root):
+        try:
+            argv = _argv(pid)
+        except OSError:
+            continue
+        if "_pct_ssh.py --serve" not in argv:
+            tree[pid] = argv
+    return tree
+
+
+def still_running(pid: int, argv: str) -> bool:
+    """PID still runs ARGV (not gone, not a zombie, not a reused PID)."""
+    try:
+        return _argv(pid) == argv and not gone(pid)
+    except OSError:
+        return False
+
+
+def workers_gone_within_bound(workers: Dict[int, str]) -> float:
+    """Wait until every one of WORKERS (from :func:`controller_tree`) has exited; AssertionError naming the
+    survivors after WORKER_EXIT_BOUND_S, which are then SIGKILLed by PID (this run's own processes, never
+    left behind). The seconds it took."""
+    start = time.monotonic()
+    end = start + WORKER_EXIT_BOUND_S
+    while time.monotonic() < end and any(still_running(p, a) for p, a in workers.items()):
+        time.sleep(0.05)
+    survivors = {p: a for p, a in workers.items() if still_running(p, a)}
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, "workers outlived their killed controller by %ss: %s" % (WORKER_EXIT_BOUND_S, survivors)
+    return time.monotonic() - start
+
+
+# ---------------------------------------------------------------- training_stop's ladder records, the link
+
+def ladder_records(lab: dict) -> List[dict]:
+    """training_stop's ladder records in CT200's /run (read through the container init's root)."""
+    init = ct200.ct_init_pid(lab)
+    assert init, "CT200 has no init (not running?)"
+    found = []
+    for path in glob.glob("/proc/%s/root/run/gpuops-repurpose/training_stop-*.json" % init):
+        try:
+            with open(path) as handle:
+                found.append(json.load(handle))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def my_record(lab: dict, since: float, session: str = "dflash") -> dict:
+    """The latest ladder record for tmux session SESSION started at or after SINCE (wall clock); {} if none."""
+    mine = [r for r in ladder_records(lab)
+            if "tmux_session=%s" % session in r.get("selection", "") and r.get("started", 0) >= since]
+    return max(mine, key=lambda r: r["started"]) if mine else {}
+
+
+def master_pid(control_dir: str) -> Tuple[_pct_ssh.MasterClient, int]:
+    """The one pct_ssh control master serving CONTROL_DIR: its client and its PID (it says so when pinged)."""
+    socks = glob.glob(os.path.join(control_dir, "*.sock"))
+    assert len(socks) == 1, socks
+    client = _pct_ssh.MasterClient(socks[0])
+    return client, client._call({"op": "ping"}, timeout=5)[0]["pid"]
+
+
+def serving_sshd(lab: dict, client_pid: int) -> List[int]:
+    """The lab sshd's processes holding the server end of CLIENT_PID's connection: only the lab sshd's own
+    descendants are candidates, never anything else on this machine."""
+    return serving_processes(client_pid, lab["port"], descendants(lab["sshd"]["pid"]))
+
+
+def stop_masters(control_dir: str) -> None:
+    """Ask every control master in CONTROL_DIR to exit (a test's own directory: nobody else's masters)."""
+    for sock in glob.glob(os.path.join(control_dir, "*.sock")):
+        try:
+            _pct_ssh.MasterClient(sock).stop()
+        except Exception:  # noqa: BLE001 - best effort at the end of a test: a master already gone is fine
+            pass
+
+
+def result_of(out: str, host: str = "ct200") -> Tuple[str, dict]:
+    """(status, result) of HOST's line in ``ansible -o`` output: ``SUCCESS``/``CHANGED``/``FAILED!`` with
+    the JSON result, or ``UNREACHABLE!`` with ``{"msg": ...}``."""
+    line = [ln for ln in out.splitlines() if ln.startswith(host + " | ")]
+    assert line, out
+    rest = line[0][len(host + " | "):]
+    if " => " in rest:
+        status, _sep, payload = rest.partition(" => ")
+        return status.strip(), json.loads(payload)
+    status, _sep, msg = rest.partition(": ")  # UNREACHABLE!: MSG, on one line
+    return status.strip(), {"msg": msg}
