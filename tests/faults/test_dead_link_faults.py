@@ -45,6 +45,7 @@ from tests.support.procfs import descendants
 from tests.support.stop_faults import (
     RUNG_SIGNALS,
     WORKER_EXIT_BOUND_S,
+    audited,
     checkpoint_ok,
     controller_tree,
     gone,
@@ -91,11 +92,8 @@ POINTS.append(pytest.param("sshd_child_killed", 0, "slow_checkpoint", id="sshd_c
 
 @pytest.fixture(scope="module")
 def lab(lab):
-    """The shared ``lab`` (its skip rule), with the signal audit; the default trainer put back afterwards."""
-    if not lab.get("signal_audit"):
-        pytest.skip("the lab predates the signal audit: run tests/lab/lab up from this checkout")
-    yield lab
-    lab_support.restore_trainer()
+    """The shared ``lab`` with the signal audit; the default trainer put back afterwards."""
+    yield from audited(lab)
 
 
 def adhoc(env: dict, module_args: dict) -> subprocess.Popen:

@@ -31,12 +31,12 @@ import pytest
 from tests.support import ct200, playbook, ssh
 from tests.support import lab as lab_support
 from tests.support import stop_training as stop
-from tests.support.procfs import descendants
 from tests.support.stop_faults import (
     RUNG_SIGNALS,
     WORKER_EXIT_BOUND_S,
     audit,
     audit_boot,
+    audited,
     checkpoint_ok,
     controller_tree,
     stopped_states,
@@ -60,38 +60,8 @@ LADDER_BOUND = sum(r["timeout"] for r in LADDER) + FAULT_VARS["stop_training_gpu
 
 @pytest.fixture(scope="module")
 def lab(lab):
-    """The shared ``lab`` (its skip rule), with the signal audit; the default trainer put back afterwards."""
-    if not lab.get("signal_audit"):
-        pytest.skip("the lab predates the signal audit: run tests/lab/lab up from this checkout")
-    yield lab
-    lab_support.restore_trainer()
-
-
-# ---------------------------------------------------------------- the controller's process tree
-
-def tree(root: int) -> list[int]:
-    """``root`` and all its descendants now (workers that setsid'd stay children of the controller)."""
-    return [root, *descendants(root)]
-
-
-def kill_controller(proc: subprocess.Popen, with_workers: bool) -> list[int]:
-    """SIGKILL the controller's process group, and with ``with_workers`` every descendant outside it too."""
-    killed = []
-    for _round in range(3):  # a fork in progress shows up on the next look
-        pids = tree(proc.pid) if with_workers else []
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-    proc.wait(timeout=30)
-    return killed
+    """The shared ``lab`` with the signal audit; the default trainer put back afterwards."""
+    yield from audited(lab)
 
 
 def run_until_banner(k: int) -> tuple[subprocess.Popen, list[str]]:
@@ -118,7 +88,7 @@ def check_point(lab, figures, name: str, k: int, with_workers: bool, reference: 
     proc, seen = run_until_banner(k)
     assert len(seen) == k + 1, f"{name}: the play ended after {len(seen)} tasks, the reference run had {len(reference)}"
     workers = {} if with_workers else controller_tree(proc.pid)  # the task's worker, if it is forked yet
-    kill_controller(proc, with_workers)
+    playbook.kill_playbook(proc, with_workers)
     figures.injected(name)
     if workers:  # left out of the kill: pct_ssh ties each to its controller, so they end on their own
         figures.wait("workers gone after their controller's group was killed", workers_gone_within_bound(workers),

@@ -25,8 +25,6 @@ lab is not up.
 
 from __future__ import annotations
 
-import glob
-import json
 import os
 import re
 import signal
@@ -37,10 +35,10 @@ import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
 from tests.support import stop_training as stop
-from tests.support.ct200 import ct_init_pid, trainer_pids
+from tests.support.ct200 import trainer_pids
 from tests.support.lab import lab_cli, lab_lock, trainer
 from tests.support.playbook import ansible_env, recap, start_adhoc
-from tests.support.procfs import descendants, serving_processes
+from tests.support.stop_faults import master_pid, my_record, result_of, serving_sshd, stop_masters
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
@@ -55,52 +53,9 @@ BOUND_S = _pct_ssh.dead_after(_pct_ssh.Settings(host="pve1.example.internal")) +
 SLACK_S = 15.0  # ansible's own start and end on a loaded 2-core machine
 
 
-def records(status: dict) -> list[dict]:
-    """training_stop's ladder records in CT200's /run (read through the container init's root)."""
-    init = ct_init_pid(status)
-    assert init, "CT200 has no init (not running?)"
-    found = []
-    for path in glob.glob("/proc/%s/root/run/gpuops-repurpose/training_stop-*.json" % init):
-        try:
-            with open(path) as handle:
-                found.append(json.load(handle))
-        except (OSError, ValueError):
-            pass
-    return found
-
-
-def my_record(status: dict, since: float) -> dict:
-    mine = [r for r in records(status) if "tmux_session=dflash" in r.get("selection", "") and r.get("started", 0) >= since]
-    return max(mine, key=lambda r: r["started"]) if mine else {}
-
-
 def adhoc(env: dict, args: dict) -> subprocess.Popen:
     """training_stop on ct200 through real ``ansible`` (one-line output)."""
     return start_adhoc("ct200", "gpuops.repurpose.training_stop", args, options=["-o"], env=env)
-
-
-def result_of(out: str) -> tuple[str, dict]:
-    line = [ln for ln in out.splitlines() if ln.startswith("ct200 | ")]
-    assert line, out
-    rest = line[0][len("ct200 | "):]
-    if " => " in rest:
-        status, _sep, payload = rest.partition(" => ")
-        return status.strip(), json.loads(payload)
-    status, _sep, msg = rest.partition(": ")  # UNREACHABLE!: MSG, on one line
-    return status.strip(), {"msg": msg}
-
-
-def master_pid(control_dir: str) -> tuple[_pct_ssh.MasterClient, int]:
-    socks = glob.glob(os.path.join(control_dir, "*.sock"))
-    assert len(socks) == 1, socks
-    client = _pct_ssh.MasterClient(socks[0])
-    return client, client._call({"op": "ping"}, timeout=5)[0]["pid"]
-
-
-def serving_sshd(status: dict, client_pid: int) -> list[int]:
-    """The lab sshd's processes holding the server end of CLIENT_PID's connection: only the lab sshd's own
-    descendants are candidates, never anything else on this machine."""
-    return serving_processes(client_pid, status["port"], descendants(status["sshd"]["pid"]))
 
 
 @pytest.fixture
@@ -176,8 +131,7 @@ def test_link_cut_during_sigterm_rung(lab, stubborn, tmp_path, cut):
         out, _err = again.communicate(timeout=300)
         state, result = result_of(out)
         assert state == "SUCCESS" and not result["changed"] and result["selected"] == [] and result["rungs"] == [], out
-        for sock in glob.glob(os.path.join(control_dir, "*.sock")):
-            _pct_ssh.MasterClient(sock).stop()
+        stop_masters(control_dir)
 
 
 # ---------------------------------------------------------------- the role, as the issue saw it
@@ -229,5 +183,4 @@ def test_role_rerun_reports_the_ladder_its_dead_link_left_running(lab, stubborn,
         out2, _err = again.communicate(timeout=600)
         assert again.returncode == 0 and recap(out2)["changed"] == 0, out2[-4000:]
         assert "stopped the job with SIGKILL" in re.sub(r"\s+", " ", out2)  # the same earlier run, reported again
-        for sock in glob.glob(os.path.join(str(tmp_path / "cp"), "*.sock")):
-            _pct_ssh.MasterClient(sock).stop()
+        stop_masters(str(tmp_path / "cp"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Union
 
 from tests.support.paths import ANSIBLE_CFG, BIN, LAB_INVENTORY, PLAYBOOKS, ROOT
+from tests.support.procfs import descendants
 
 PathLike = Union[str, Path]
 ExtraVars = Union[dict, str]
@@ -205,10 +207,6 @@ def kill_playbook(proc: subprocess.Popen, with_workers: bool = True) -> List[int
     """SIGKILL a started playbook (:func:`start_playbook`): its process group, and with WITH_WORKERS every
     descendant outside it too (ansible-core 2.19's workers ``setsid`` out of the group), as a controller that
     dies whole; the PIDs killed outside the group."""
-    import signal
-
-    from tests.support.procfs import descendants
-
     killed: List[int] = []
     for _round in range(3):  # a fork in progress shows up on the next look
         pids = [proc.pid, *descendants(proc.pid)] if with_workers else []

@@ -13,12 +13,14 @@ import json
 import os
 import signal
 import time
-from typing import Dict, Iterable, List, Set, Tuple
+from typing import Dict, Iterable, Iterator, List, Set, Tuple
 
+import pytest
 from signal_audit import read_audit
 
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
 from tests.support import ct200, ssh
+from tests.support import lab as lab_support
 from tests.support.procfs import descendants, serving_processes
 
 # the catchable rungs, and the SIGCONT training_stop sends every process of its snapshot after each of them
@@ -187,3 +189,12 @@ def result_of(out: str, host: str = "ct200") -> Tuple[str, dict]:
         return status.strip(), json.loads(payload)
     status, _sep, msg = rest.partition(": ")  # UNREACHABLE!: MSG, on one line
     return status.strip(), {"msg": msg}
+
+
+def audited(lab: dict) -> Iterator[dict]:
+    """The body of a stop-half fault file's module-scoped ``lab`` fixture: the shared ``lab`` (its skip rule)
+    with the signal audit required, and the default trainer put back afterwards."""
+    if not lab.get("signal_audit"):
+        pytest.skip("the lab predates the signal audit: run tests/lab/lab up from this checkout")
+    yield lab
+    lab_support.restore_trainer()
