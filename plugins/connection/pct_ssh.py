@@ -783,7 +783,7 @@ class Connection(ConnectionBase):
             tmp = tmpdir + "/file"
             self._session.put(in_path, tmp)
             perms = stat.S_IMODE(os.stat(in_path).st_mode)
-            argv = _pct.push_argv(vmid, tmp, out_path, perms=perms, pct_path=self.get_option("pct_path"), prefix=self._prefix())
+            argv = _pct.transfer_argv("push", vmid, tmp, out_path, perms=perms, pct_path=self.get_option("pct_path"), prefix=self._prefix())
             self._pct(argv, "pct push to %s" % out_path, vmid)
         finally:
             self._cleanup(tmpdir)
@@ -816,7 +816,7 @@ class Connection(ConnectionBase):
         try:
             tmp = tmpdir + "/file"
             user = None if self._user() == "root" else self._user()  # so the SFTP login can read what root pulled
-            argv = _pct.pull_argv(vmid, in_path, tmp, user=user, pct_path=self.get_option("pct_path"), prefix=self._prefix())
+            argv = _pct.transfer_argv("pull", vmid, in_path, tmp, user=user, pct_path=self.get_option("pct_path"), prefix=self._prefix())
             self._pct(argv, "pct pull of %s" % in_path, vmid)
             self._session.get(tmp, out_path)
         finally:

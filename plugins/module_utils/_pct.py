@@ -189,44 +189,31 @@ def _owner_opts(user: t.Any, group: t.Any, perms: t.Any) -> t.List[str]:
     return opts
 
 
-def push_argv(
+# The two directions of a file copy, each with the names of its (source, destination) in error messages.
+TRANSFER_PATHS = {"push": ("host_path", "ct_path"), "pull": ("ct_path", "host_path")}
+
+
+def transfer_argv(
+    direction: str,
     vmid: t.Any,
-    host_path: str,
-    ct_path: str,
+    source: str,
+    dest: str,
     user: t.Any = None,
     group: t.Any = None,
     perms: t.Any = None,
     pct_path: str = DEFAULT_PCT_PATH,
     prefix: t.Sequence[str] = (),
 ) -> t.List[str]:
-    """``pct push VMID HOST_PATH CT_PATH [--user U] [--group G] [--perms MODE]``."""
+    """``pct push VMID HOST_PATH CT_PATH`` or ``pct pull VMID CT_PATH HOST_PATH`` (DIRECTION), with
+    ``[--user U] [--group G] [--perms MODE]`` (for ``pull``, the owner on the host side)."""
+    if direction not in TRANSFER_PATHS:
+        raise PctError("direction must be one of %s, got %r" % (", ".join(sorted(TRANSFER_PATHS)), direction))
+    source_name, dest_name = TRANSFER_PATHS[direction]
     return pct_argv(
-        "push",
+        direction,
         vmid,
-        _check_path(host_path, "host_path"),
-        _check_path(ct_path, "ct_path"),
-        *_owner_opts(user, group, perms),
-        pct_path=pct_path,
-        prefix=prefix,
-    )
-
-
-def pull_argv(
-    vmid: t.Any,
-    ct_path: str,
-    host_path: str,
-    user: t.Any = None,
-    group: t.Any = None,
-    perms: t.Any = None,
-    pct_path: str = DEFAULT_PCT_PATH,
-    prefix: t.Sequence[str] = (),
-) -> t.List[str]:
-    """``pct pull VMID CT_PATH HOST_PATH [--user U] [--group G] [--perms MODE]`` (owner on the host side)."""
-    return pct_argv(
-        "pull",
-        vmid,
-        _check_path(ct_path, "ct_path"),
-        _check_path(host_path, "host_path"),
+        _check_path(source, source_name),
+        _check_path(dest, dest_name),
         *_owner_opts(user, group, perms),
         pct_path=pct_path,
         prefix=prefix,

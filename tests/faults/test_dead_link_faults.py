@@ -11,7 +11,9 @@ every rung runs) with short rungs. The link is cut two ways, each during each ru
 A catchable rung (SIGINT via tmux, SIGTERM) is cut 1 s after it began (its timeout is 3 s); the SIGKILL
 rung, which the stubborn trainer ends at once, is cut the moment its signal has landed (a trainer process
 seen gone on the host), while the rung waits to confirm the job is gone. One more point runs the
-``slow_checkpoint`` trainer (a 20 s shutdown save after Ctrl-C) with the link cut mid-save.
+``slow_checkpoint`` trainer (a 20 s shutdown save after Ctrl-C) with the link cut mid-save, and one
+``sshd_child_frozen`` (the same sshd processes SIGSTOPped: a silent host that only the keepalives notice)
+during the SIGTERM rung.
 
 At each point (what tests/faults/README.md says must happen):
 
@@ -69,6 +71,7 @@ CUT_INTO_S = 1.0  # a catchable rung is cut this long after it began
 SAVE_S = 20.0  # the slow_checkpoint trainer's shutdown save (fake_trainer.py's default --checkpoint-seconds)
 RUNGS = ("SIGINT", "SIGTERM", "SIGKILL")
 CUTS = ("master_killed", "sshd_child_killed")
+FROZEN = "sshd_child_frozen"  # SIGSTOP: a silent host, noticed only by keepalives (one point: the SIGTERM rung)
 # the connection's defaults (server_alive_interval 5, server_alive_count_max 3): the documented worst case
 DETECT_BOUND_S = _pct_ssh.dead_after(_pct_ssh.Settings(host="pve1.example.internal"))
 SLACK_S = 15.0  # ansible's own start and end on a loaded 2-core machine
@@ -88,6 +91,7 @@ def args(steps: list) -> dict:
 
 POINTS = [pytest.param(cut, rung, "stubborn", id="%s-%s" % (cut, RUNGS[rung])) for cut in CUTS for rung in range(3)]
 POINTS.append(pytest.param("sshd_child_killed", 0, "slow_checkpoint", id="sshd_child_killed-SIGINT-slow_checkpoint"))
+POINTS.append(pytest.param(FROZEN, 1, "stubborn", id="%s-SIGTERM" % FROZEN))
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +127,20 @@ def host_trainer_pids(lab: dict) -> list:
     return found
 
 
+def trainer_up(lab: dict, behaviour: str) -> tuple:
+    """Start the BEHAVIOUR trainer and wait until all its processes run: (the job's PIDs, the decoys' PIDs now)."""
+    started = lab_support.trainer(behaviour)
+    job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
+    wait_for(lambda: len(ct200.trainer_pids(lab)) == len(job) and ct200.trainer_pids(lab), 60, "the trainer")
+    return job, ct200.decoy_pids(lab)
+
+
+def ladder_running(lab: dict, since: float) -> dict:
+    """The record of the ladder started at or after SINCE, once it says it is running."""
+    return wait_for(lambda: my_record(lab, since).get("state") == "running" and my_record(lab, since), 60,
+                    "the ladder to start")
+
+
 def wait_for_cut_moment(lab: dict, record: dict, rung: int, steps: list, watch: list) -> None:
     """Sleep until the point's cut moment: CUT_INTO_S into a catchable rung, or the SIGKILL rung's signal landed."""
     rung_start = record["started"] + sum(s["timeout"] for s in steps[:rung])
@@ -133,15 +151,25 @@ def wait_for_cut_moment(lab: dict, record: dict, rung: int, steps: list, watch: 
     wait_for(lambda: any(gone(pid) for pid in watch), 10, "the SIGKILL rung's signal to land", interval=0.01)
 
 
-def cut_link(lab: dict, cut: str, control_dir: str) -> int:
-    """Cut the link one way; the control master's PID."""
+def cut_link(lab: dict, cut: str, control_dir: str, frozen: list) -> int:
+    """Cut the link one way; the control master's PID. Frozen sshd processes are added to FROZEN (the caller
+    ends them)."""
     _client, pid = master_pid(control_dir)
     if cut == "master_killed":
         os.kill(pid, signal.SIGKILL)
-    else:
-        for victim in serving_sshd(lab, pid):
-            os.kill(victim, signal.SIGKILL)
+        return pid
+    for victim in serving_sshd(lab, pid):
+        if cut == FROZEN:
+            frozen.append(victim)
+        os.kill(victim, signal.SIGSTOP if cut == FROZEN else signal.SIGKILL)
     return pid
+
+
+def end_frozen(frozen: list) -> None:
+    """The frozen sshd processes of a point: killed, then continued so the kill lands."""
+    for victim in frozen:
+        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, signal.SIGCONT)
 
 
 @pytest.mark.parametrize("cut, rung, behaviour", POINTS)
@@ -151,21 +179,18 @@ def test_link_cut_during_each_rung(lab, figures, tmp_path, cut, rung, behaviour)
     steps = ladder(SAVE_S + 10 if catchable else RUNG_S)  # the save fits in the first rung
     control_dir = str(tmp_path / "cp")
     env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
-    started = lab_support.trainer(behaviour)
-    job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
-    wait_for(lambda: len(ct200.trainer_pids(lab)) == len(job) and ct200.trainer_pids(lab), 60, "the trainer")
-    decoys_before = ct200.decoy_pids(lab)
+    frozen: list = []
+    job, decoys_before = trainer_up(lab, behaviour)
     watch = host_trainer_pids(lab)
     assert watch, "no trainer process seen on the host"
     with lab_support.lab_lock(lab):
         since = time.time() - 1
         run = adhoc(env, args(steps))
         try:
-            record = wait_for(lambda: my_record(lab, since).get("state") == "running" and my_record(lab, since), 60,
-                              "the ladder to start")
+            record = ladder_running(lab, since)
             wait_for_cut_moment(lab, record, rung, steps, watch)
             cut_wall = time.time()
-            master = cut_link(lab, cut, control_dir)
+            master = cut_link(lab, cut, control_dir, frozen)
             figures.injected(name)
             cut_at = time.monotonic()
             out, _err = run.communicate(timeout=DETECT_BOUND_S + SLACK_S)
@@ -174,6 +199,7 @@ def test_link_cut_during_each_rung(lab, figures, tmp_path, cut, rung, behaviour)
             if run.poll() is None:
                 run.kill()
                 run.wait()
+            end_frozen(frozen)
         figures.wait("dead link detected (ansible run ended after the cut)", detected_in, DETECT_BOUND_S + SLACK_S)
 
         # the play fails fast, naming the dead connection
@@ -183,6 +209,8 @@ def test_link_cut_during_each_rung(lab, figures, tmp_path, cut, rung, behaviour)
             assert "control master" in result["msg"] and "went away" in result["msg"], result
         else:
             assert "the SSH connection died" in result["msg"], result
+        if cut == FROZEN:
+            assert "answered no keepalive" in result["msg"], result
 
         # the ladder finishes on its own and leaves its result
         left_s = sum(s["timeout"] for s in steps) + 30
@@ -249,16 +277,12 @@ def test_controller_process_group_killed_during_the_sigterm_rung(lab, figures, t
     assert ORPHAN_RUNG_S - CUT_INTO_S > WORKER_EXIT_BOUND_S + 3
     control_dir = str(tmp_path / "cp")
     env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
-    started = lab_support.trainer("stubborn")
-    job = set(started["pids"]["workers"]) | {started["pids"]["launcher"]}
-    wait_for(lambda: len(ct200.trainer_pids(lab)) == len(job) and ct200.trainer_pids(lab), 60, "the trainer")
-    decoys_before = ct200.decoy_pids(lab)
+    job, decoys_before = trainer_up(lab, "stubborn")
     with lab_support.lab_lock(lab):
         since = time.time() - 1
         run = start_adhoc_in_group(env, args(steps))
         try:
-            record = wait_for(lambda: my_record(lab, since).get("state") == "running" and my_record(lab, since), 60,
-                              "the ladder to start")
+            record = ladder_running(lab, since)
             time.sleep(max(0.0, record["started"] + steps[0]["timeout"] + CUT_INTO_S - time.time()))
             workers = controller_tree(run.pid)
             assert workers, "no worker under ansible (pid %d) while its task runs" % run.pid

@@ -124,9 +124,9 @@ def test_quote_is_single_shlex_join(text):
     ],
 )
 def test_push_pull_argv(kwargs, tail):
-    assert _pct.push_argv(200, "/tmp/h x", "/ct/p\u00e9 'q'", **kwargs) == [
+    assert _pct.transfer_argv("push", 200, "/tmp/h x", "/ct/p\u00e9 'q'", **kwargs) == [
         "/usr/sbin/pct", "push", "200", "/tmp/h x", "/ct/p\u00e9 'q'"] + tail
-    assert _pct.pull_argv(200, "/ct/a", "/tmp/b", **kwargs) == ["/usr/sbin/pct", "pull", "200", "/ct/a", "/tmp/b"] + tail
+    assert _pct.transfer_argv("pull", 200, "/ct/a", "/tmp/b", **kwargs) == ["/usr/sbin/pct", "pull", "200", "/ct/a", "/tmp/b"] + tail
 
 
 @pytest.mark.parametrize(
@@ -141,12 +141,19 @@ def test_push_pull_argv(kwargs, tail):
 )
 def test_push_rejects(kwargs, fragment):
     with pytest.raises(_pct.PctError, match=fragment):
-        _pct.push_argv(200, "/a", "/b", **kwargs)
+        _pct.transfer_argv("push", 200, "/a", "/b", **kwargs)
 
 
 def test_push_rejects_empty_paths():
     with pytest.raises(_pct.PctError, match="ct_path"):
-        _pct.push_argv(200, "/a", "")
+        _pct.transfer_argv("push", 200, "/a", "")
+    with pytest.raises(_pct.PctError, match="host_path"):
+        _pct.transfer_argv("pull", 200, "/a", "")
+
+
+def test_transfer_rejects_an_unknown_direction():
+    with pytest.raises(_pct.PctError, match="direction must be one of pull, push"):
+        _pct.transfer_argv("copy", 200, "/a", "/b")
 
 
 @pytest.mark.parametrize(
