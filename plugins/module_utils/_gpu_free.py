@@ -34,6 +34,18 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import CheckModeWaiter, Waiter, WaitResult
 
 
+def nvidia_smi_call_bound(timeout: float, elapsed: float) -> float:
+    """Seconds one ``nvidia-smi`` call may take, ELAPSED seconds into a wait of TIMEOUT.
+
+    A call gets min(30, max(5, timeout)): a working nvidia-smi on a node without persistence mode can take
+    seconds, so a shorter bound calls a slow driver hung (timeout 0, one sample, once allowed only 0.5 s).
+    Calls are cut so that they end by max(timeout, 5) s into the wait (never below 0.5 s): a hung driver
+    cannot hold the wait past that.
+    """
+    per_call = min(30.0, max(5.0, timeout))
+    return round(max(0.5, min(per_call, max(timeout, per_call) - elapsed)), 1)
+
+
 def classified(found: list[Holder], p: t.Mapping[str, t.Any], sample: Sample,
                selected: t.Sequence[GpuInfo]) -> tuple[list[Holder], list[Holder], list[dict]]:
     """(counted, ignored, foreign) holders: the /proc scan merged with the backend's process list."""
@@ -91,10 +103,8 @@ def wait_free(p: t.Mapping[str, t.Any], check_mode: bool = False,
     try:
         wanted = validate_options(p["gpus"], p["max_used_mib"], p["stable_for"], p["timeout"], p["interval"],
                                   p["delay"], p["container"])
-        call_timeout = min(30.0, max(5.0, p["timeout"]))
-        # O(timeout) is the whole wait: a call to a hung nvidia-smi started late never runs past it
         backend = open_backend(p["backend"], p["nvidia_smi_path"],
-                               call_timeout=lambda: round(max(0.5, min(call_timeout, waiter.remaining())), 1))
+                               call_timeout=lambda: nvidia_smi_call_bound(p["timeout"], waiter.elapsed()))
         last_discount: dict[str, int] = {}
 
         def free_fn(sample: Sample) -> tuple[bool, dict[int, int]]:

@@ -50,8 +50,10 @@ options:
   timeout:
     description:
       - Seconds to wait in all, O(delay) included. V(0) samples once.
-      - One C(nvidia-smi) call is bounded by min(30, max(5, O(timeout))) seconds and never by more than what is
-        left of O(timeout) (at least 0.5 s), so a hung driver cannot hold the wait past it.
+      - One C(nvidia-smi) call is bounded by min(30, max(5, O(timeout))) seconds, and calls are cut to end by
+        max(O(timeout), 5) seconds into the wait (each gets at least 0.5 s), so a hung driver cannot hold the
+        wait longer. V(0) still gives its one sample up to 5 s, since a working C(nvidia-smi) on a node without
+        persistence mode can take seconds.
     type: float
     default: 120
   interval:

@@ -46,7 +46,6 @@ cores); this bench does not break it down by task.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -56,7 +55,7 @@ from typing import Dict, List, Optional, Tuple
 
 from tests.support.lab import MAIN_CT, NODE2_CT, fleet_skip_reason, lab_status, trainer
 from tests.support.paths import FLEET_INVENTORY
-from tests.support.playbook import run_playbook
+from tests.support.playbook import callback_seconds, run_playbook
 from tests.support.stop_training import FAST, REPURPOSE_PLAYBOOK
 
 HOSTS = {"ct200": MAIN_CT, "ct210": NODE2_CT}
@@ -80,10 +79,6 @@ def fleet_or_exit() -> dict:
 def running(status: dict) -> Dict[str, bool]:
     """Whether each inventory host's trainer runs, from ``tests/lab/lab status``."""
     return {"ct200": bool(status["trainer"]["running"]), "ct210": bool(status["node2"]["trainer"]["running"])}
-
-
-def stamp(text: str) -> float:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def stop_once(hosts: Tuple[str, ...], forks: int) -> Dict[str, float]:
@@ -111,7 +106,7 @@ def stop_once(hosts: Tuple[str, ...], forks: int) -> Dict[str, float]:
         raise SystemExit("bench_fleet_stop: after stopping %s the trainers running are %s" % (",".join(hosts), left))
     repurpose = next(p for p in data["plays"] if p["play"]["name"].startswith("Repurpose"))
     span = repurpose["play"]["duration"]
-    return {"wall": wall, "play": stamp(span["end"]) - stamp(span["start"])}
+    return {"wall": wall, "play": callback_seconds(span["end"]) - callback_seconds(span["start"])}
 
 
 def ratios(med: Dict[str, Dict[str, float]], pooled: Dict[str, float]) -> Dict[str, float]:

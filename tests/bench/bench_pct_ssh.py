@@ -25,7 +25,6 @@ openssh_host. Needs the lab (tests/lab/lab up); it never brings it down.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
 from tests.support.lab import lab_status, skip_reason
-from tests.support.playbook import run_playbook
+from tests.support.playbook import callback_seconds, run_playbook
 
 
 def lab_or_exit() -> dict:
@@ -71,10 +70,6 @@ def playbook(kind: str, n: int) -> str:
     return "- hosts: all\n  gather_facts: false\n  tasks:\n" + "".join(task.format(i=i) for i in range(n))
 
 
-def stamp(text: str) -> float:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def run_once(tmp: Path, name: str, hostvars: dict, kind: str, n: int) -> list:
     inv = write_inventory(tmp / ("%s.json" % name), {"ct200": hostvars})
     # N copies of one task, generated: a loop would time all items as one task
@@ -87,7 +82,7 @@ def run_once(tmp: Path, name: str, hostvars: dict, kind: str, n: int) -> list:
         if res.get("failed") or res.get("unreachable"):
             raise SystemExit("%s failed: %s" % (name, res.get("msg")))
         d = task["task"]["duration"]
-        times.append(stamp(d["end"]) - stamp(d["start"]))
+        times.append(callback_seconds(d["end"]) - callback_seconds(d["start"]))
     return times
 
 

@@ -30,6 +30,14 @@ CT200) and ./scripts/test (45 minutes).
 PID 1 is a plain process (no systemd), as on this CI machine; cgroups are
 mounted for the nested containers (lxc.mount.auto cgroup:rw:force).
 
+A step that dies of SIGKILL, which none of them sends, was killed from outside
+(the kernel's OOM killer, or another process on a machine the clean room shares
+with the lab's tests): the error says which it looks like (the kernel's OOM kill
+count across the step, whether the clean room's init still runs, MemAvailable).
+It fails the run like any other failure. (Once, the cause was the lab's `down`:
+it ended its mount namespace by the namespace's inode number, which the kernel
+had just given to this container; tests/lab/lab.py now checks the lab's overlays too.)
+
     scripts/cleanroom [--keep]      --keep leaves the container for a look (lxc-attach -P ... -n ...)
 """
 
@@ -62,6 +70,50 @@ START = time.monotonic()
 
 class CleanRoomError(Exception):
     pass
+
+
+class KilledFromOutside(CleanRoomError):
+    """A step ended by SIGKILL that its own command did not send (the kernel's OOM killer, or a process
+    outside the clean room): the error says what the machine showed, so the log names the culprit's kind."""
+
+
+def oom_kills() -> int | None:
+    """The kernel's count of OOM kills since boot (/proc/vmstat), None where it is not shown."""
+    try:
+        with open("/proc/vmstat", encoding="ascii") as handle:
+            for line in handle:
+                name, _sep, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def mem_available_mib() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def sigkill_context(oom_before: int | None, oom_after: int | None, container_state: str,
+                    available_mib: int | None) -> str:
+    """What the machine showed when a step died of SIGKILL, so that a failure explains itself."""
+    if oom_before is None or oom_after is None:
+        oom = "the kernel's OOM kill count is not shown here"
+    elif oom_after > oom_before:
+        oom = "the kernel's OOM killer ran %d time(s) during the step" % (oom_after - oom_before)
+    else:
+        oom = "the kernel's OOM killer did not run during the step"
+    init = ("the clean room's init still runs, so the step's own process was killed" if container_state == "running"
+            else "the clean room's init is gone (state %r), which kills everything in it" % container_state)
+    mem = "MemAvailable unknown" if available_mib is None else "MemAvailable %d MiB" % available_mib
+    return "%s; %s; %s" % (oom, init, mem)
 
 
 def log(msg: str) -> None:
@@ -266,6 +318,7 @@ def inside(step: str, command: str) -> str:
     for key, value in env.items():
         cmd += ["--set-var", "%s=%s" % (key, value)]
     cmd += ["--", "bash", "-c", "cd %s && %s" % (IN_REPO, command)]
+    oom_before = oom_kills()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/")
     out = []
     deadline = time.monotonic() + STEP_TIMEOUT[step]
@@ -283,6 +336,9 @@ def inside(step: str, command: str) -> str:
         rc = proc.wait(timeout=30)
     if time.monotonic() > deadline:
         raise CleanRoomError("%s: timed out after %ss" % (step, STEP_TIMEOUT[step]))
+    if rc in (128 + 9, -9):  # the step (or the clean room's init) died of SIGKILL, which no step sends
+        raise KilledFromOutside("%s was killed by SIGKILL (rc %d): %s (%s)" % (
+            step, rc, command, sigkill_context(oom_before, oom_kills(), state(), mem_available_mib())))
     if rc != 0:
         raise CleanRoomError("%s failed (rc %d): %s" % (step, rc, command))
     return "".join(out)
@@ -292,6 +348,30 @@ def check(step: str, ok: bool, what: str) -> None:
     if not ok:
         raise CleanRoomError("%s: %s" % (step, what))
     log("%s: ok, %s" % (step, what))
+
+
+def attempt(rootfs_cache: str, apt: str, wheels: str, keep: bool) -> None:
+    """One clean room from nothing: a new container, the README's first command, its checks."""
+    destroy()
+    create(rootfs_cache, apt, wheels)
+    start()
+    try:
+        out = inside("setup", "./scripts/setup")
+        check("setup", "installing system packages" in out and "installing Python requirements" in out,
+              "installed the system packages and the venv from nothing")
+        out = inside("setup-again", "./scripts/setup")
+        check("setup-again", "installing" not in out, "a second run installed nothing")
+        out = inside("run-lab", "./scripts/run-lab -e repurpose_datagen=false")
+        check("run-lab", "training stopped, GPUs free" in out and "Stopped:" in out,
+              "the playbook stopped the stubborn trainer and proved the GPUs free")
+        out = inside("status", "tests/lab/lab status")
+        status = json.loads(out[out.index("{"):])
+        check("status", status.get("up") is True, "the lab is up")
+    finally:
+        if not keep:
+            destroy()
+        else:
+            log("kept: lxc-attach -P %s -n %s" % (LXCPATH, NAME))
 
 
 def main() -> int:
@@ -307,26 +387,7 @@ def main() -> int:
         apt = apt_repo(rootfs_cache, packages)
         wheels = wheelhouse()
         prune([apt, wheels])
-        destroy()
-        create(rootfs_cache, apt, wheels)
-        start()
-        try:
-            out = inside("setup", "./scripts/setup")
-            check("setup", "installing system packages" in out and "installing Python requirements" in out,
-                  "installed the system packages and the venv from nothing")
-            out = inside("setup-again", "./scripts/setup")
-            check("setup-again", "installing" not in out, "a second run installed nothing")
-            out = inside("run-lab", "./scripts/run-lab -e repurpose_datagen=false")
-            check("run-lab", "training stopped, GPUs free" in out and "Stopped:" in out,
-                  "the playbook stopped the stubborn trainer and proved the GPUs free")
-            out = inside("status", "tests/lab/lab status")
-            status = json.loads(out[out.index("{"):])
-            check("status", status.get("up") is True, "the lab is up")
-        finally:
-            if not args.keep:
-                destroy()
-            else:
-                log("kept: lxc-attach -P %s -n %s" % (LXCPATH, NAME))
+        attempt(rootfs_cache, apt, wheels, args.keep)
     except CleanRoomError as exc:
         log("error: %s" % exc)
         return 1

@@ -5,6 +5,10 @@ process group and every descendant: ansible-core 2.19's workers ``setsid`` out o
 boundary of the role, found by its ``TASK [...]`` banner:
 
 - during the install task (pip in the venv, 1 s after its banner);
+- after a new package archive is copied, before it is unpacked (the node runs an older package: its
+  archive and its unpacked files differ from the controller's, as after an upgrade of the collection);
+- after a new datagen config is written while the pipeline runs on the older one (slow workers), before
+  the role restarts it: the run that finishes must be one started on the new config;
 - after the worker units are written, before systemd is reloaded and before the readiness gate;
 - during the readiness gate (the workers restarting on a changed command line);
 - after the pipeline was started, during its start-up wait.
@@ -16,7 +20,8 @@ of ``tests/support/datagen_stages.py``); the workers run the new command line an
 unit definition (``NeedDaemonReload=no``); one stand-in process per worker unit, one router, no worker
 unit twice; and a second re-run changes nothing.
 
-CI runs two points (the units written, the pipeline started); ``GPUOPS_FAULTS_FULL=1`` runs all four.
+CI runs three points (the package copied, the units written, the pipeline started); ``GPUOPS_FAULTS_FULL=1``
+runs all six.
 Marked ``lab``: skipped with the reason when the lab is not up.
 """
 
@@ -28,9 +33,18 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.support import datagen_stages as stages
-from tests.support.datagen import CONVERGE, WORK, lab_worker_args, play, reset_pipeline, wait_pipeline_finished
+from tests.support.datagen import (
+    CONVERGE,
+    LAB_VARS_FILE,
+    WORK,
+    lab_worker_args,
+    play,
+    reset_pipeline,
+    wait_pipeline_finished,
+)
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import kill_playbook, start_playbook, start_until_banner
 from tests.support.ssh import attach
@@ -47,11 +61,25 @@ FINISH_S = 240
 POINTS = [
     ("during the install", "Install SGLang, sglang-router and the pipeline's requirements in one resolution", 1.0,
      False),
+    ("package copied, not yet unpacked", "Look for the package unpacked from this archive", 0.0, True),
+    ("config written, the pipeline running on the older one", "Create the extra files' directories", 0.0, False),
     ("units written, before the reload and the gate", "Find workers left over from a larger layout", 0.0, True),
     ("during the readiness gate", "Wait until every worker is ready and the router routes to all of them", 0.3,
      False),
     ("pipeline started", "Wait until the pipeline works (or fails)", 0.0, True),
 ]
+
+
+CONFIG = "/opt/datagen/datagen.yml"
+LAB_CONFIG = yaml.safe_load(LAB_VARS_FILE.read_text(encoding="utf-8"))["sglang_datagen_config"]
+PACKAGE = "/opt/datagen/lib/datagen"
+OLDER = "from_an_older_release.py"
+
+
+def older_package(lab: dict) -> None:
+    """The node as an older release of the collection left it: another archive, its unpacked files."""
+    attach(lab, "sh", "-c", f"printf 'older release' >> /opt/datagen/datagen.tar && rm -f {PACKAGE}/.unpacked-from-*"
+           f" && echo '# only in the older release' > {PACKAGE}/{OLDER}")
 
 
 def worker_args(latency: str) -> tuple:
@@ -62,8 +90,8 @@ def stages_in_ct(lab: dict, *args: str) -> dict:
     return json.loads(attach(lab, PYTHON, "-c", STAGES_SOURCE, *args, timeout=200).stdout)
 
 
-def show(lab: dict, unit: str, prop: str) -> str:
-    return attach(lab, "systemctl", "show", "-p", prop, "--value", unit, check=False).stdout.strip()
+def show(lab: dict, unit: str, prop: str, *options: str) -> str:
+    return attach(lab, "systemctl", "show", *options, "-p", prop, "--value", unit, check=False).stdout.strip()
 
 
 def worker_units(lab: dict) -> list:
@@ -106,8 +134,15 @@ def test_controller_killed_mid_role_then_a_plain_rerun_converges(point, task, de
     # a latency no earlier run used: the killed play changes the worker units, as a changed setting does
     latency = "0.0%d" % (2 + POINTS.index((point, task, delay, _ci)))
     reset_pipeline(lab)
+    args = worker_args(latency)
+    if point.startswith("package"):
+        older_package(lab)
+    if point.startswith("config"):
+        play(*worker_args("15"))  # the pipeline running on the lab's config; slow workers keep it running
+        newer = dict(LAB_CONFIG, sampling=dict(LAB_CONFIG["sampling"], temperature=0.6))
+        args += ("-e", json.dumps({"sglang_datagen_config": newer}))
     name = "controller lost in sglang_datagen: " + point
-    proc = start_playbook(CONVERGE, LAB_INVENTORY, args=worker_args(latency))
+    proc = start_playbook(CONVERGE, LAB_INVENTORY, args=args)
     try:
         start_until_banner(proc, task)
         time.sleep(delay)
@@ -119,14 +154,20 @@ def test_controller_killed_mid_role_then_a_plain_rerun_converges(point, task, de
     assert "PLAY RECAP" not in tail
 
     t0 = time.monotonic()
-    play(*worker_args(latency))  # the plain re-run, same settings
+    play(*args)  # the plain re-run, same settings
     wait_pipeline_finished(lab, FINISH_S)
     figures.wait("controller lost in sglang_datagen: re-run and pipeline finished", time.monotonic() - t0,
                  800 + FINISH_S)
     check = stages_in_ct(lab, "check", WORK, str(ROWS))
     assert check["problems"] == [], check["problems"]
     assert serving_problems(lab, latency) == []
-    out, changed = play(*worker_args(latency))
+    assert attach(lab, "test", "-e", f"{PACKAGE}/{OLDER}", check=False).returncode != 0, \
+        "the re-run left the older package's files in place: the new archive was never unpacked"
+    # the run that finished started on the config as it is now (not the older one it was running on)
+    started = show(lab, "datagen-pipeline.service", "InactiveExitTimestamp", "--timestamp=unix").lstrip("@")
+    written = attach(lab, "stat", "-c", "%Y", CONFIG).stdout.strip()
+    assert started and float(started) >= float(written), (started, written)
+    out, changed = play(*args)
     assert changed == 0, out[-4000:]
     assert "finished for this config (nothing started)" in out, out[-3000:]
     figures.survived(name, rows_lost=check["lost"])

@@ -63,6 +63,23 @@ def test_unfinished_pipeline_runs_finished_one_is_skipped_changed_config_runs_ag
     assert run_systemd_cmd(condition) == 0, "a changed config is not finished"
 
 
+def test_a_run_is_finished_only_for_the_config_it_started_on(unit):
+    """A play killed after writing a new config and before restarting the pipeline leaves the run going on
+    the older config: when it ends, its marker must not call the new config finished."""
+    work, config, text = unit
+    [pre] = directive(text, "ExecStartPre")
+    [post] = directive(text, "ExecStartPost")
+    [condition] = directive(text, "ExecCondition")
+    assert run_systemd_cmd(pre) == 0 and (work / "pipeline.started").exists()
+    config.write_text("work_dir: written while it ran\n")
+    assert run_systemd_cmd(post) == 0
+    assert not (work / "pipeline.started").exists(), "the start record became the finished marker"
+    assert run_systemd_cmd(condition) == 0, "the config written while it ran is not finished: it must run again"
+    # the run the new config starts finishes it
+    assert run_systemd_cmd(pre) == 0 and run_systemd_cmd(post) == 0
+    assert run_systemd_cmd(condition) == 1
+
+
 def test_timer_resumes_after_boot_and_does_not_hold_boot(unit, tmp_path):
     work, config, _text = unit
     timer = render("datagen-pipeline.timer.j2", str(work), str(config))

@@ -17,9 +17,11 @@ import uuid
 
 import pytest
 
-from tests.support.lab import lab_status, trainer
+from tests.support.lab import lab_cli, lab_status, sshd_restart_result, start_sshd_restart, trainer
 from tests.support.paths import LAB_DIR
-from tests.support.ssh import on_host
+from tests.support.procfs import listening
+from tests.support.ssh import on_host, ssh_argv
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -159,6 +161,34 @@ def test_pct_lives_only_in_the_lab_hosts_namespace(status):
     # the machine's own /usr/sbin stays untouched (unless it is a real PVE host)
     if not os.path.exists("/usr/share/perl5/PVE/CLI/pct.pm"):
         assert not os.path.lexists("/usr/sbin/pct")
+
+
+def test_sshd_restart_keeps_sessions_and_replaces_the_listener(status):
+    """`lab sshd-restart --down-for 2`: an established session goes on through it (Debian's ssh.service,
+    KillMode=process), a new connection in the gap is refused, the next one reaches the new listener; bad input is
+    refused naming the option, with nothing signalled."""
+    session = subprocess.Popen(ssh_argv(status) + ["echo started; sleep 4; echo still here"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert session.stdout.readline().strip() == "started"
+        restarting = start_sshd_restart(2.0)
+        wait_for(lambda: not listening(status["port"]), 10, "the listener to close", interval=0.01)
+        refused = ssh(status, "true", timeout=30)
+        assert refused.returncode == 255 and "Connection refused" in refused.stderr, refused.stderr
+        restarted = sshd_restart_result(restarting, 2.0)
+        out, err = session.communicate(timeout=30)
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+    assert session.returncode == 0 and out.strip() == "still here", (session.returncode, out, err)
+    assert restarted["new_pid"] != restarted["old_pid"] and restarted["down_s"] >= 1.9, restarted
+    fresh = lab_status()
+    assert fresh["sshd"]["pid"] == restarted["new_pid"] and fresh["sshd"]["running"], fresh["sshd"]
+    assert ssh(status, "echo ok").stdout.strip() == "ok"
+    bad = lab_cli("sshd-restart", "--down-for", "-1")
+    assert bad.returncode == 1 and "--down-for -1.0: give the seconds without a listener" in bad.stderr, bad.stderr
+    assert lab_status()["sshd"]["pid"] == restarted["new_pid"]
 
 
 def test_start_shutdown_stop_201(status):

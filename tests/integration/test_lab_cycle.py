@@ -48,6 +48,16 @@ def processes_matching(pred) -> list[tuple[int, str]]:
     return found
 
 
+def in_lab_mntns(pid: int, mntns: str, ns_dir: str) -> bool:
+    """In the lab host's mount namespace. Its inode number alone is not enough: once the namespace ends, the
+    kernel gives the number to the next new one (a clean room started beside the lab took it); only the lab's
+    namespace also shows the lab's overlays (upper layers under NS_DIR) in its mount table."""
+    if os.readlink("/proc/%d/ns/mnt" % pid) != mntns:
+        return False
+    with open("/proc/%d/mountinfo" % pid, encoding="utf-8", errors="replace") as handle:
+        return "upperdir=%s/" % ns_dir in handle.read()
+
+
 def in_lab_cgroup(pid: int) -> bool:
     with open("/proc/%d/cgroup" % pid, encoding="utf-8") as handle:
         text = handle.read()
@@ -78,7 +88,7 @@ def test_down_leaves_nothing_and_up_restores(tmp_path):
             assert not live(ref["pid"], ref["starttime"]), ref
         for pid in trainer_pids:
             assert not live(pid), pid
-        left_in_ns = processes_matching(lambda pid: os.readlink("/proc/%d/ns/mnt" % pid) == mntns)
+        left_in_ns = processes_matching(lambda pid: in_lab_mntns(pid, mntns, os.path.join(lab_dir, "ns")))
         assert left_in_ns == []
         assert processes_matching(in_lab_cgroup) == []
         with open("/proc/self/mountinfo", encoding="utf-8") as handle:

@@ -20,6 +20,7 @@ import pytest
 from tests.support.inventory import pct_ssh_hostvars
 from tests.support.playbook import run_json_play
 from tests.support.ssh import on_host
+from tests.support.stop_faults import stop_masters
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
@@ -70,10 +71,13 @@ def suite(lab, tmp_path_factory):
         )
         if name == "root_direct":
             hosts[name]["ansible_pct_ssh_control_persist"] = 0
+        else:  # the masters are asked who they logged in as after the whole play (then stopped, below)
+            hosts[name]["ansible_pct_ssh_control_persist"] = 600
     before = host_tmp_dirs(status)
     results = run_json_play(tmp, hosts, "pct_ssh_suite", [{"it_argv": ["printf", "%s\\n"] + HOSTILE_ARGV}])
     results["_masters"] = masters(tmp / "cp")
     results["_master_logins"] = master_logins(tmp / "cp")
+    stop_masters(str(tmp / "cp"))
     return results, src, tmp, before
 
 

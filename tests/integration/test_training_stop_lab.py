@@ -98,7 +98,9 @@ def twin(lab):
                                 "CT201 trainer with 8 workers"))
         yield started
     finally:
-        for pid in started:
+        for pid, start in started.items():
+            if not alive(pid, start):  # gone (or the pid reused: with pid_max 32768 it comes round in minutes)
+                continue
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -78,6 +78,9 @@ FAULTS_DIR = os.path.join(LAB_DIR, "faults")
 # so the inventory works wherever it is read from (an AWX import, an exported copy).
 FILES_LINK = os.path.join(LAB_DIR, "files")
 REBOOT_HANG = os.path.join(FAULTS_DIR, "reboot-hang")
+# `lab sshd-restart`'s request to a lab host's supervisor (README "Faults"): while it is there, the exit of the
+# sshd it names is a deliberate restart, not a crash
+SSHD_RESTART_MAX_DOWN_S = 120.0
 STATE_FILE = os.path.join(LAB_DIR, "state.json")
 SUPERVISOR_FILE = os.path.join(LAB_DIR, "supervisor.json")
 MARKER = os.path.join(LAB_DIR, ".gpuops-lab")
@@ -730,6 +733,15 @@ def wrapper_env(node: LabNode) -> dict:
     return out
 
 
+# Bumped when supervise() learns something a command relies on (2: `sshd-restart`): `up` restarts a
+# supervisor started by an older lab.py even from the same checkout.
+SUPERVISOR_PROTOCOL = 2
+
+
+def sshd_restart_request(node: LabNode) -> str:
+    return os.path.join(FAULTS_DIR, "sshd-restart" if node.index == 1 else "sshd-restart-node%d" % node.index)
+
+
 def supervisor_alive(sup: dict) -> bool:
     return ref_alive(sup.get("supervisor")) and ref_alive(sup.get("sshd"))
 
@@ -747,7 +759,8 @@ def ensure_supervisor(node: LabNode = NODES[1]) -> dict:
     sup = load_json(node.supervisor_file)
     # The lab host's pct and nvidia-smi are this checkout's files: a lab brought up
     # from another checkout (an older clone, CI's fresh one) must not keep serving its code.
-    same_checkout = sup.get("checkout") == HERE and sup.get("wrapper_env", {}) == wrapper_env(node)
+    same_checkout = (sup.get("checkout") == HERE and sup.get("wrapper_env", {}) == wrapper_env(node)
+                     and sup.get("protocol") == SUPERVISOR_PROTOCOL)
     if supervisor_alive(sup) and port_open(node.port) and same_checkout:
         return sup
     if ref_alive(sup.get("supervisor")):
@@ -799,14 +812,33 @@ def stop_supervisor(sup: dict, timeout: float = 20) -> None:
         kill_refs(left, timeout=10)
 
 
-def mntns_members(ns: str) -> list[int]:
+def overlay_mark(ns_dir: str) -> str:
+    """What a lab host's mount table shows and no other namespace's does: its overlays' upper layers."""
+    return "upperdir=%s/" % ns_dir
+
+
+def mntns_members(ns: str, mark: str | None = None) -> list[int]:
+    """Live PIDs in mount namespace NS ('mnt:[inode]').
+
+    The kernel hands a freed namespace's inode number to the next namespace it
+    creates, so a recorded NS names somebody else's namespace once the lab's has
+    ended: a container started beside the lab (the clean room) got it, and `down`
+    SIGKILLed it. With MARK (overlay_mark), a process counts only if its mount
+    table shows MARK too, which only the lab host's namespace mounts.
+    """
     out = []
     for pid in _proc.list_pids():
         try:
-            if os.readlink("/proc/%d/ns/mnt" % pid) == ns:
-                info = _proc.read_process(pid)
-                if info is not None and info.state not in ("Z", "X"):
-                    out.append(pid)
+            if os.readlink("/proc/%d/ns/mnt" % pid) != ns:
+                continue
+            info = _proc.read_process(pid)
+            if info is None or info.state in ("Z", "X"):
+                continue
+            if mark is not None:
+                with open("/proc/%d/mountinfo" % pid, encoding="utf-8", errors="replace") as handle:
+                    if mark not in handle.read():
+                        continue
+            out.append(pid)
         except OSError:
             continue
     return out
@@ -851,6 +883,20 @@ def _is_lxc_monitor(pid: int) -> bool:
     return bool(info and info.cmdline and info.cmdline[0].startswith("[lxc monitor]"))
 
 
+def deliberate_restart(node: LabNode, exited: dict | None) -> float | None:
+    """The gap (seconds) `lab sshd-restart` asked for, when its request names EXITED (the sshd just reaped);
+    None for a crash. The request is consumed."""
+    path = sshd_restart_request(node)
+    request = load_json(path)
+    if not request or request.get("sshd") != exited:
+        return None
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return min(SSHD_RESTART_MAX_DOWN_S, max(0.0, float(request.get("down_for", 0))))
+
+
 def supervise(node: LabNode = NODES[1]) -> int:
     """PID 'init' of a lab host: owns the mount namespace, reaps orphans, runs sshd and the GPU driver."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -889,9 +935,10 @@ def supervise(node: LabNode = NODES[1]) -> int:
         return proc
 
     info: dict = {"supervisor": proc_ref(os.getpid()), "mntns": my_ns, "checkout": HERE,
-                  "wrapper_env": wrapper_env(node)}
+                  "wrapper_env": wrapper_env(node), "protocol": SUPERVISOR_PROTOCOL, "sshd_restarts": 0}
     sshd = driver = None
     restarts: list[float] = []
+    restart_at = 0.0  # while sshd is None: when the deliberate restart's gap ends (monotonic)
     try:
         sshd = start_sshd()
         driver = start_driver()
@@ -900,12 +947,36 @@ def supervise(node: LabNode = NODES[1]) -> int:
         info["ready"] = True
         atomic_write(node.supervisor_file, json.dumps(info, indent=1) + "\n")
         while True:
-            try:
-                pid = os.waitpid(-1, 0)[0]  # reaps sshd sessions' orphans and lxc monitors too
-            except ChildProcessError:
-                time.sleep(1)
-                continue
-            if pid == sshd.pid:
+            if sshd is None:  # a deliberate restart's gap: the listener is down, orphans are still reaped
+                if time.monotonic() >= restart_at:
+                    sshd = start_sshd()
+                    info["sshd"] = proc_ref(sshd.pid)
+                    info["sshd_restarts"] += 1
+                    atomic_write(node.supervisor_file, json.dumps(info, indent=1) + "\n")
+                    continue
+                try:
+                    pid = os.waitpid(-1, os.WNOHANG)[0]
+                except ChildProcessError:
+                    pid = 0
+                if pid == 0:
+                    time.sleep(min(0.05, max(0.0, restart_at - time.monotonic())))
+                    continue
+            else:
+                try:
+                    pid = os.waitpid(-1, 0)[0]  # reaps sshd sessions' orphans and lxc monitors too
+                except ChildProcessError:
+                    time.sleep(1)
+                    continue
+            if sshd is not None and pid == sshd.pid:
+                down_for = deliberate_restart(node, info["sshd"])
+                if down_for is not None:
+                    # as systemd's `restart ssh` (KillMode=process): the listener is replaced, the sessions it
+                    # forked live on (now our children: we are their subreaper)
+                    sshd = None
+                    restart_at = time.monotonic() + down_for
+                    info["sshd"] = None
+                    atomic_write(node.supervisor_file, json.dumps(info, indent=1) + "\n")
+                    continue
                 now = time.monotonic()
                 restarts = [t for t in restarts if now - t < 60] + [now]
                 if len(restarts) > 5:
@@ -1357,7 +1428,7 @@ def cmd_down(args: argparse.Namespace) -> int:
             log("stopping the lab host %s (sshd supervisor)" % node.name)
             stop_supervisor(sup)
             log("supervisor stopped")
-            end_mount_ns(sup.get("mntns"))
+            end_mount_ns(sup.get("mntns"), node.ns_dir)
         left = [vmid for vmid in ALL_CONTAINERS if ct_state(vmid) == "running"]
         if left:
             raise LabError("containers %s still running after lxc-stop --kill" % left)
@@ -1381,12 +1452,16 @@ def cmd_down(args: argparse.Namespace) -> int:
     return 0
 
 
-def end_mount_ns(ns: str | None) -> None:
-    """SIGKILL whatever still runs in a lab host's mount namespace (only the lab enters it); bounded."""
+def end_mount_ns(ns: str | None, ns_dir: str) -> None:
+    """SIGKILL whatever still runs in a lab host's mount namespace (only the lab enters it); bounded.
+
+    By then the namespace has usually ended with its supervisor and NS may be another's: only members that
+    show the lab's overlays (mntns_members' MARK) are signalled."""
     if not ns:
         return
+    mark = overlay_mark(ns_dir)
     deadline = Deadline(15)
-    members = mntns_members(ns)
+    members = mntns_members(ns, mark)
     while members and not deadline.expired():
         for pid in members:
             try:
@@ -1394,7 +1469,7 @@ def end_mount_ns(ns: str | None) -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.1)
-        members = mntns_members(ns)
+        members = mntns_members(ns, mark)
     if members:
         raise LabError("processes %s still run in the lab's mount namespace" % members)
 
@@ -1476,6 +1551,7 @@ def status_dict() -> dict:
             "running": sshd_up,
             "pid": host(sup.get("sshd")),
             "supervisor_pid": host(sup.get("supervisor")),
+            "restarts": sup.get("sshd_restarts", 0),  # by `lab sshd-restart`
             "mount_ns": sup.get("mntns"),
             "config": SSHD_CONFIG,
         },
@@ -1492,6 +1568,7 @@ def status_dict() -> dict:
         "faults": {
             "dir": FAULTS_DIR,
             "reboot_hang": REBOOT_HANG,
+            "sshd_restart": sshd_restart_request(NODES[1]),
             "active": sorted(os.listdir(FAULTS_DIR)) if os.path.isdir(FAULTS_DIR) else [],
         },
         "fakegpu": {
@@ -1530,6 +1607,7 @@ def second_node_status(state: dict) -> dict | None:
             "running": sshd_up,
             "pid": (sup.get("sshd") or {}).get("pid"),
             "supervisor_pid": (sup.get("supervisor") or {}).get("pid"),
+            "restarts": sup.get("sshd_restarts", 0),
             "mount_ns": sup.get("mntns"),
             "config": node.sshd_config,
         },
@@ -1567,6 +1645,85 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
+def listening(port: int) -> bool:
+    """Something listens on HOST:PORT (read from /proc/net/tcp: a probe connection would reach sshd's log)."""
+    want = "%s:%04X" % ("".join("%02X" % int(b) for b in reversed(HOST.split("."))), port)
+    with open("/proc/net/tcp", encoding="ascii") as handle:
+        next(handle)
+        return any(f[1] == want and f[3] == "0A" for f in (line.split() for line in handle))
+
+
+def lab_sshd(node: LabNode, sup: dict) -> dict:
+    """The lab host's listening sshd, as its supervisor recorded it, cross-checked with sshd's own pid file and
+    command line: the only process `sshd-restart` signals."""
+    ref = sup.get("sshd")
+    if not supervisor_alive(sup):
+        raise LabError("the lab host %s's sshd is not running: run 'tests/lab/lab up%s' first" % (
+            node.name, "" if node.index == 1 else " --nodes 2"))
+    if sup.get("protocol") != SUPERVISOR_PROTOCOL:
+        raise LabError("the lab host %s's supervisor predates sshd-restart: run 'tests/lab/lab up' from this "
+                       "checkout (it restarts the supervisor)" % node.name)
+    pid_file = os.path.join(SSH_DIR, "sshd.pid" if node.index == 1 else "sshd-node%d.pid" % node.index)
+    try:
+        with open(pid_file, encoding="ascii") as handle:
+            written = int(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        written = None
+    info = _proc.read_process(int(ref["pid"]))
+    # the listener's title (setproctitle): "sshd: /usr/sbin/sshd -D -e -f CONFIG [listener] ..."
+    if written != ref["pid"] or info is None or " -f %s " % node.sshd_config not in " ".join(info.cmdline) + " ":
+        raise LabError("the sshd recorded for %s (pid %s) is not the one in %s (%s) or runs another config: "
+                       "nothing signalled; run 'tests/lab/lab up'" % (node.name, ref["pid"], pid_file, written))
+    return ref
+
+
+def sshd_restart(node: LabNode, down_for: float, stop_timeout: float = 10.0, start_timeout: float = 30.0) -> dict:
+    """Restart the lab host's sshd as `systemctl restart ssh` does on a PVE host (Debian's ssh.service:
+    KillMode=process, so SIGTERM to the listener only; sshd's SIGTERM handler closes the listening sockets and
+    exits, the session processes it forked go on), then a new listener, after DOWN_FOR seconds with none.
+    Every wait bounded; the facts of the restart."""
+    if not 0 <= down_for <= SSHD_RESTART_MAX_DOWN_S:
+        raise LabError("--down-for %s: give the seconds without a listener, from 0 to %d" % (
+            down_for, SSHD_RESTART_MAX_DOWN_S))
+    old = lab_sshd(node, load_json(node.supervisor_file))
+    request = sshd_restart_request(node)
+    os.makedirs(FAULTS_DIR, exist_ok=True)
+    atomic_write(request, json.dumps({"sshd": old, "down_for": down_for}) + "\n")
+    try:
+        os.kill(int(old["pid"]), signal.SIGTERM)  # ref checked just above; the supervisor reaps it
+        stop = Deadline(stop_timeout)
+        while ref_alive(old):  # not `listening`: without a gap the new listener may already be there
+            if stop.expired():
+                raise LabError("sshd (pid %s) still runs %ss after SIGTERM" % (old["pid"], stop_timeout))
+            time.sleep(0.01)
+        stopped_at = time.time()
+        start = Deadline(down_for + start_timeout)
+        while True:
+            sup = load_json(node.supervisor_file)
+            new = sup.get("sshd")
+            if new and new != old and ref_alive(new) and listening(node.port):
+                break
+            if start.expired():
+                raise LabError("no new sshd listened on %s:%d within %ss of the old one's exit; see %s" % (
+                    HOST, node.port, down_for + start_timeout, os.path.join(node.base, "supervisor.log")))
+            time.sleep(0.01)
+        up_at = time.time()
+    finally:
+        try:
+            os.unlink(request)  # not consumed: the supervisor never saw that sshd exit
+        except FileNotFoundError:
+            pass
+    return {"node": node.index, "port": node.port, "old_pid": old["pid"], "new_pid": new["pid"],
+            "stopped_at": stopped_at, "up_at": up_at, "down_s": round(up_at - stopped_at, 3)}
+
+
+def cmd_sshd_restart(args: argparse.Namespace) -> int:
+    preflight()
+    # no lab Lock: a test holding it (so that no `up` or `trainer` changes CT200 meanwhile) injects this fault
+    print(json.dumps(sshd_restart(NODES[args.node], args.down_for), indent=1, sort_keys=True))
+    return 0
+
+
 def cmd_torch_venv(args: argparse.Namespace) -> int:
     preflight()
     print(torch_venv_cache())
@@ -1587,6 +1744,11 @@ def main(argv: list[str]) -> int:
     p_tr.add_argument("behaviour", choices=BEHAVIOURS)
     p_tr.add_argument("--ct", choices=GPU_CTS, default=MAIN_CT, help="the GPU container (210: the second node's)")
     sub.add_parser("torch-venv", help="build the containers' cached torch venv (else built on first 'trainer torchrun')")
+    p_rs = sub.add_parser("sshd-restart", help="restart the lab PVE host's sshd as `systemctl restart ssh` does "
+                          "(the listener replaced, established sessions kept); prints what happened as JSON")
+    p_rs.add_argument("--down-for", type=float, default=0.0, metavar="S",
+                      help="keep the host without a listener for S seconds before the new sshd starts (default 0)")
+    p_rs.add_argument("--node", type=int, choices=sorted(NODES), default=1, help="the lab host (2: port + 1)")
     p_sup = sub.add_parser("_supervise", help=argparse.SUPPRESS)
     p_sup.add_argument("--node", type=int, choices=sorted(NODES), default=1)
     args = parser.parse_args(argv)
@@ -1594,7 +1756,7 @@ def main(argv: list[str]) -> int:
         if args.cmd == "_supervise":
             return supervise(NODES[args.node])
         return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "trainer": cmd_trainer,
-                "torch-venv": cmd_torch_venv}[args.cmd](args)
+                "torch-venv": cmd_torch_venv, "sshd-restart": cmd_sshd_restart}[args.cmd](args)
     except LabError as exc:
         log("error: %s" % exc)
         return 1

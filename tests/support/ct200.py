@@ -10,7 +10,7 @@ import json
 import re
 import subprocess
 import sys
-from typing import Dict, List, Optional, Set
+from typing import Dict, List, Optional, Set, Tuple
 
 from tests.support.paths import FAKEGPU_DIR
 from tests.support.ssh import in_ct
@@ -21,15 +21,20 @@ LOCK = "/run/gpuops-repurpose/stop_training.lock"
 TRAINER_RE = re.compile(r"^\S*python[0-9.]*\s+(-\S+\s+)*\S*fake_trainer\.py(\s|$)")
 
 
-def ct_processes(status: dict) -> Dict[int, str]:
-    """Container PID -> command line of every process in CT200."""
-    out = in_ct(status, "ps", "-eo", "pid=,args=").stdout
+def ct_process_table(status: dict) -> Dict[int, Tuple[int, str]]:
+    """Container PID -> (parent PID, command line) of every process in CT200 (the one ``ps`` reader)."""
+    out = in_ct(status, "ps", "-eo", "pid=,ppid=,args=").stdout
     procs = {}
     for line in out.splitlines():
-        pid, _sep, args = line.strip().partition(" ")
-        if pid.isdigit():
-            procs[int(pid)] = args.strip()
+        fields = line.split(None, 2)
+        if len(fields) == 3 and fields[0].isdigit() and fields[1].isdigit():
+            procs[int(fields[0])] = (int(fields[1]), fields[2].strip())
     return procs
+
+
+def ct_processes(status: dict) -> Dict[int, str]:
+    """Container PID -> command line of every process in CT200."""
+    return {pid: args for pid, (_ppid, args) in ct_process_table(status).items()}
 
 
 def trainer_pids(status: dict) -> Set[int]:
@@ -37,10 +42,18 @@ def trainer_pids(status: dict) -> Set[int]:
     return {pid for pid, args in ct_processes(status).items() if TRAINER_RE.search(args)}
 
 
+def is_decoy(args: str) -> bool:
+    """ARGS is one of the lab's decoys: the networkd-dispatcher-like daemon, the editor, the monitor loop."""
+    return "networkd-dispatcher" in args or args.startswith(("vi ", "watch "))
+
+
 def decoy_pids(status: dict) -> Set[int]:
-    """The lab's decoys: the networkd-dispatcher-like daemon, the editor, the monitor loop."""
-    return {pid for pid, args in ct_processes(status).items()
-            if "networkd-dispatcher" in args or args.startswith(("vi ", "watch "))}
+    """The lab's decoys (:func:`is_decoy`) running in CT200. Not the short-lived fork ``watch`` makes every
+    interval before it runs its command (same command line, parent ``watch``): it is gone a moment later,
+    by design, and a check that a decoy is still there must not count it."""
+    procs = ct_process_table(status)
+    return {pid for pid, (ppid, args) in procs.items()
+            if is_decoy(args) and not (ppid in procs and procs[ppid][1] == args)}
 
 
 def pane_pids(status: dict, session: str) -> List[int]:

@@ -42,8 +42,9 @@ def reset_pipeline(status: dict, vmid: str = "200") -> None:
     A pipeline still running (an earlier test's, or one the resume timer started at boot) is stopped
     first, so it cannot write into the files removed here."""
     attach(status, "systemctl", "stop", "datagen-pipeline.timer", "datagen-pipeline.service", vmid=vmid, check=False)
-    attach(status, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/generated.jsonl", f"{WORK}/generate.progress.json",
-           f"{WORK}/generate.errors.jsonl", f"{WORK}/tokenized", f"{WORK}/merged", f"{WORK}/report", vmid=vmid)
+    attach(status, "rm", "-rf", f"{WORK}/pipeline.done", f"{WORK}/pipeline.started", f"{WORK}/generated.jsonl",
+           f"{WORK}/generate.progress.json", f"{WORK}/generate.errors.jsonl", f"{WORK}/tokenized", f"{WORK}/merged",
+           f"{WORK}/report", vmid=vmid)
 
 
 def wait_pipeline_finished(status: dict, timeout: float) -> None:

@@ -132,6 +132,30 @@ def restore_trainer(vmid: str = MAIN_CT) -> None:
     lab_cli(*_trainer_args(DEFAULT_BEHAVIOUR, vmid))
 
 
+def sshd_restart(down_for: float = 0.0) -> dict:
+    """The lab PVE host's sshd restarted as ``systemctl restart ssh`` restarts a PVE host's (tests/lab/README.md
+    "Faults"): the listener replaced, established sessions kept; DOWN_FOR seconds without a listener. Returns when
+    the new one listens: its facts (``old_pid``, ``new_pid``, ``stopped_at``, ``up_at``, ``down_s``)."""
+    return sshd_restart_result(start_sshd_restart(down_for), down_for)
+
+
+def start_sshd_restart(down_for: float) -> subprocess.Popen:
+    """:func:`sshd_restart` started in the background (read it with :func:`sshd_restart_result`)."""
+    return subprocess.Popen([str(LAB_CLI), "sshd-restart", "--down-for", str(down_for)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+
+
+def sshd_restart_result(proc: subprocess.Popen, down_for: float) -> dict:
+    try:
+        out, err = proc.communicate(timeout=down_for + 60)  # the lab's own waits: 10 s stop, gap + 30 s start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err + out
+    return json.loads(out)
+
+
 @contextlib.contextmanager
 def reboot_hang_fault(status: dict, vmid: str = MAIN_CT) -> Iterator[Path]:
     """The lab's reboot-hang fault (tests/lab/README.md "Faults") switched on for container VMID only.

@@ -15,6 +15,6 @@ them too, and the lab's helpers do not import from tests/support.
 
 from __future__ import annotations
 
-from harness import HttpReply, free_port, free_ports, http, parse_metrics, read_metrics
+from harness import LAB_PORTS, HttpReply, free_port, free_ports, http, parse_metrics, read_metrics
 
-__all__ = ["HttpReply", "free_port", "free_ports", "http", "parse_metrics", "read_metrics"]
+__all__ = ["LAB_PORTS", "HttpReply", "free_port", "free_ports", "http", "parse_metrics", "read_metrics"]

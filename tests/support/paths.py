@@ -10,8 +10,10 @@ first imported, so every ``from tests.support... import`` finds all of them, in 
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -41,3 +43,12 @@ def add_import_dirs() -> None:
     missing = [str(d) for d in IMPORT_DIRS if str(d) not in sys.path]
     for entry in reversed(missing):
         sys.path.insert(0, entry)
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A program that is not in a package (tests/lab/lab.py, tests/cleanroom/cleanroom.py) as module NAME."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs: its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

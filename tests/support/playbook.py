@@ -9,6 +9,7 @@ one and :attr:`PlaybookRun.results` gives ``{task name: {host: result}}``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -64,6 +65,11 @@ def task_results(callback_json: dict) -> dict:
         for task in play["tasks"]:
             out.setdefault(task["task"]["name"], {}).update(task["hosts"])
     return out
+
+
+def callback_seconds(stamp: str) -> float:
+    """A timestamp of the ``ansible.posix.json`` callback (ISO 8601, ``Z`` for UTC) as epoch seconds."""
+    return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
 def recap(output: str, host: str = "ct200") -> Dict[str, int]:

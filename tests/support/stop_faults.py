@@ -13,7 +13,8 @@ import json
 import os
 import signal
 import time
-from typing import Dict, Iterable, Iterator, List, Set, Tuple
+from dataclasses import dataclass
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import pytest
 from signal_audit import read_audit
@@ -148,11 +149,17 @@ def ladder_records(lab: dict) -> List[dict]:
     return found
 
 
+def latest_record(records: Sequence[Mapping], since: float, session: str = "dflash") -> dict:
+    """Of RECORDS, the latest ladder record for tmux session SESSION started at or after SINCE (wall clock);
+    {} if none."""
+    mine = [r for r in records
+            if "tmux_session=%s" % session in r.get("selection", "") and r.get("started", 0) >= since]
+    return dict(max(mine, key=lambda r: r["started"])) if mine else {}
+
+
 def my_record(lab: dict, since: float, session: str = "dflash") -> dict:
     """The latest ladder record for tmux session SESSION started at or after SINCE (wall clock); {} if none."""
-    mine = [r for r in ladder_records(lab)
-            if "tmux_session=%s" % session in r.get("selection", "") and r.get("started", 0) >= since]
-    return max(mine, key=lambda r: r["started"]) if mine else {}
+    return latest_record(ladder_records(lab), since, session)
 
 
 def master_pid(control_dir: str) -> Tuple[_pct_ssh.MasterClient, int]:
@@ -163,10 +170,10 @@ def master_pid(control_dir: str) -> Tuple[_pct_ssh.MasterClient, int]:
     return client, client._call({"op": "ping"}, timeout=5)[0]["pid"]
 
 
-def serving_sshd(lab: dict, client_pid: int) -> List[int]:
+def serving_sshd(lab: dict, client_pid: int, sshd_pid: Optional[int] = None) -> List[int]:
     """The lab sshd's processes holding the server end of CLIENT_PID's connection: only the lab sshd's own
-    descendants are candidates, never anything else on this machine."""
-    return serving_processes(client_pid, lab["port"], descendants(lab["sshd"]["pid"]))
+    descendants (of SSHD_PID, default the listener in LAB) are candidates, never anything else on this machine."""
+    return serving_processes(client_pid, lab["port"], descendants(sshd_pid or lab["sshd"]["pid"]))
 
 
 def stop_masters(control_dir: str) -> None:
@@ -198,3 +205,108 @@ def audited(lab: dict) -> Iterator[dict]:
         pytest.skip("the lab predates the signal audit: run tests/lab/lab up from this checkout")
     yield lab
     lab_support.restore_trainer()
+
+
+# ---------------------------------------------------------------- what a killed run left in CT200
+
+LOCK_FREE = "free"
+LOCK_DEAD_HOLDER = "held by a run whose ansible-playbook is gone"
+LOCK_LIVE_HOLDER = "held by a running ansible-playbook"
+
+
+@dataclass(frozen=True)
+class LeftBehind:
+    """The fingerprint of what a killed run left for the re-run to read in CT200.
+
+    Only what changes the re-run's course is kept: how many of the job's processes still run and how many
+    of those are stopped (``T``), the run lock (free, or held by a dead or a live controller), a
+    ``training_stop`` ladder still running, the ladder record the killed run wrote (state, the rung that
+    stopped the job, the rungs sent) and the GPUs holding memory. PIDs, times and step numbers differ
+    between two kills that leave the same state, so they are left out; a record older than the killed run
+    is read by the re-run only for its ``previous`` (its course is set by the processes it finds), so only
+    one of them still running counts.
+    """
+
+    job_running: int
+    job_stopped: int
+    lock: str
+    ladder_running: bool
+    ladder: Tuple[str, ...]
+    gpus_held: Tuple[str, ...]
+
+    def describe(self) -> str:
+        ladder = "/".join(self.ladder) if self.ladder else "none"
+        return ("job processes running %d (stopped T %d), lock %s, ladder running %s, the killed run's ladder "
+                "record %s, GPUs holding memory %s" % (self.job_running, self.job_stopped, self.lock,
+                                                       "yes" if self.ladder_running else "no", ladder,
+                                                       ",".join(self.gpus_held) or "none"))
+
+
+def ps_states(ps_output: str) -> Dict[int, Tuple[str, str]]:
+    """PID -> (state, command line) from ``ps -eo pid=,stat=,args=`` output."""
+    states = {}
+    for line in ps_output.splitlines():
+        fields = line.split(None, 2)
+        if len(fields) >= 2 and fields[0].isdigit():
+            states[int(fields[0])] = (fields[1], fields[2] if len(fields) > 2 else "")
+    return states
+
+
+def left_behind(states: Mapping[int, Tuple[str, str]], job: Set[int], holder: Optional[Mapping],
+                holder_alive: bool, records: Sequence[Mapping], since: float,
+                gpu_used: Mapping[str, int]) -> LeftBehind:
+    """The fingerprint (:class:`LeftBehind`) of CT200's STATES (:func:`ps_states`) for the job's processes JOB,
+    the run lock's HOLDER record (None: free) and whether its controller runs (HOLDER_ALIVE), the ladder
+    RECORDS, the run killed having started at SINCE (wall clock), and GPU_USED (MiB per GPU)."""
+    running = {pid: st for pid, (st, _args) in states.items() if pid in job and not st.startswith("Z")}
+    mine = latest_record(records, since)
+    live_ladder = any(r.get("state") == "running" and r.get("pid") in states
+                      and not states[r["pid"]][0].startswith("Z") for r in records)
+    ladder: Tuple[str, ...] = ()
+    if mine:
+        ladder = (str(mine.get("state")), "stopped by %s" % (mine.get("stopped_by") or "none"),
+                  *("rung %s" % r.get("signal") for r in mine.get("rungs") or []))
+    lock = LOCK_FREE if not holder else (LOCK_LIVE_HOLDER if holder_alive else LOCK_DEAD_HOLDER)
+    return LeftBehind(job_running=len(running), job_stopped=sum(1 for st in running.values() if st.startswith("T")),
+                      lock=lock, ladder_running=live_ladder, ladder=ladder,
+                      gpus_held=tuple(sorted(g for g, mib in gpu_used.items() if mib > 0)))
+
+
+def ct_path(lab: dict, path: str) -> str:
+    """PATH inside CT200 as this machine reads it (through the container init's root: no ssh)."""
+    init = ct200.ct_init_pid(lab)
+    assert init, "CT200 has no init (not running?)"
+    return "/proc/%d/root%s" % (init, path)
+
+
+def read_lock(lab: dict) -> Optional[dict]:
+    """The run lock's holder record in CT200 (:data:`ct200.LOCK`), None when free; read without ssh."""
+    try:
+        with open(ct_path(lab, ct200.LOCK), encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None
+    return json.loads(text) if text.strip() else None
+
+
+def controller_running(holder: Mapping) -> bool:
+    """The lock holder's ansible-playbook still runs on this machine (its PID with the start time it recorded;
+    a holder from another controller counts as running: this machine cannot tell)."""
+    if holder.get("controller") != os.uname().nodename:
+        return True
+    try:
+        with open("/proc/%d/stat" % int(holder.get("controller_pid") or 0)) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError):
+        return False
+    started = holder.get("controller_started")
+    return fields[0] != "Z" and (not isinstance(started, int) or int(fields[19]) == started)
+
+
+def read_left_behind(lab: dict, job: Set[int], since: float) -> Tuple[LeftBehind, Dict[int, Tuple[str, str]]]:
+    """What the run killed after starting at SINCE left in CT200 (:func:`left_behind`), and the processes seen
+    (one ``ps`` in CT200; the lock, records and GPUs are read on this machine)."""
+    states = ps_states(ssh.in_ct(lab, "ps", "-eo", "pid=,stat=,args=").stdout)
+    holder = read_lock(lab)
+    return left_behind(states, job, holder, bool(holder) and controller_running(holder), ladder_records(lab), since,
+                       ct200.gpu_used(lab)), states

@@ -137,6 +137,9 @@ class StandinProcess:
         self.stop()
 
 
+LAB_PORTS = (29000, 32000)  # [first, end) of the CT200 lab's serving ports, see free_ports
+
+
 def free_ports(count: int = 1) -> List[int]:
     """``count`` distinct loopback ports, free right now, from below the kernel's ephemeral range.
 
@@ -151,9 +154,13 @@ def free_ports(count: int = 1) -> List[int]:
             high = min(int(fh.read().split()[0]), 65536) - 1
     except (OSError, ValueError, IndexError):
         high = 32767
+    # Never the lab's own serving ports (the sglang_datagen role's defaults: router metrics 29000, router
+    # 30000, workers from 31000): a host test holding one while systemd restarts a CT200 worker (CT200
+    # shares this machine's network) would make that worker fail to bind.
+    candidates = [port for port in range(low, high + 1) if not LAB_PORTS[0] <= port < LAB_PORTS[1]]
     held: List[socket.socket] = []
     try:
-        for port in random.sample(range(low, high + 1), min(200, high - low + 1)):
+        for port in random.sample(candidates, min(200, len(candidates))):
             sock = socket.socket()
             try:
                 sock.bind(("127.0.0.1", port))

@@ -114,6 +114,12 @@ def test_auto_through_the_router_keeps_every_worker_busy(tmp_path):
         assert statistics.mean(row[i][0] for row in middle) >= 0.85 * CAPACITY, (i, middle)
     # bounded: the shortest queue near the target, the longest within the router's imbalance allowance
     assert max(min(q for _r, q in row) for row in middle) <= 3 * QUEUE_TARGET, middle
-    assert max(sum(q for _r, q in row) for row in middle) <= 64 + 4 * QUEUE_TARGET, middle
+    # The allowance is on the router's own in-flight counts (a worker's running + queued): cache_aware turns
+    # to the least loaded worker only once they differ by more than --balance-abs-threshold (64, the default;
+    # sgl-router's cache_aware policy). The workers' gauges trail those counts by the requests in transit,
+    # and the sampler reads the two one after the other: a batch (CAPACITY) of slack. (The sum of the two
+    # queues is no bound: it also holds twice the shortest queue, which may be 3 x QUEUE_TARGET.)
+    loads = [[r + q for r, q in row] for row in middle]
+    assert max(max(row) - min(row) for row in loads) <= 64 + 1 + CAPACITY, middle
     stats = result["servers"][router.url]
     assert stats["workers"] == 2, stats  # read through the router's /engine_metrics: both workers

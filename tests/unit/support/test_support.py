@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 
 import pytest
@@ -11,6 +12,7 @@ from tests.support import paths
 from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
 from tests.support.lab import fleet_skip_reason, skip_reason
 from tests.support.playbook import playbook_argv, playbook_path, recap, task_results
+from tests.support.procfs import listening
 
 UP = {"up": True, "containers": {"200": "running", "201": "stopped"}}
 STATUS = {"host": "127.0.0.1", "port": 2222, "key": "/lab/id", "known_hosts": "/lab/known_hosts"}
@@ -95,3 +97,30 @@ def test_host_variables_share_the_lab_login_and_extra_wins(tmp_path):
     inv = write_inventory(tmp_path / "inv.json", {"ct200": pct}, {"pve": {"lab-pve": ssh}})
     data = json.loads(inv.read_text())
     assert data["all"]["hosts"]["ct200"] == pct and data["all"]["children"]["pve"]["hosts"]["lab-pve"] == ssh
+
+
+def test_free_ports_never_hand_out_the_lab_s_serving_ports():
+    """The host stream runs beside the lab's: a port it holds must never be one a CT200 worker or the
+    router binds (CT200 shares this machine's network)."""
+    from tests.support.net import LAB_PORTS, free_ports
+
+    ports = [p for _round in range(5) for p in free_ports(40)]
+    assert len(ports) == 200
+    assert not [p for p in ports if LAB_PORTS[0] <= p < LAB_PORTS[1]]
+    assert LAB_PORTS[0] <= 29000 and 31000 + 16 <= LAB_PORTS[1]  # the role's default metrics, router and worker ports
+
+
+def test_listening_sees_a_listener_and_not_a_connected_or_closed_socket():
+    """procfs.listening (the sshd-restart points' "nothing listens" check) reads LISTEN sockets only."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    assert not listening(port)  # bound, not listening
+    server.listen(1)
+    assert listening(port)
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)
+    accepted, _peer = server.accept()
+    server.close()
+    assert not listening(port)  # the established pair is still there, the listener is not
+    client.close()
+    accepted.close()

@@ -7,6 +7,11 @@ Exit status: 0 done (or skipped, unchanged), 2 bad config or arguments, 1 the st
 ``generate`` and ``sampling`` settings) without running anything; the role runs it before it
 touches a host. While the stages run, ``pipeline.ready.json`` in the work directory says how far
 the pipeline got past its start-up (the role waits for it after launching the unit).
+
+``unapplied-units`` and ``pipeline-state`` take no config: the role asks them about its systemd
+units (the serving-unit changes a killed run wrote but never applied, :mod:`datagen.unapplied`;
+the pipeline unit's state and ``pipeline.ready.json`` while it waits for the start-up,
+:mod:`datagen.units`).
 """
 
 from __future__ import annotations
@@ -19,13 +24,13 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from datagen import __version__, paths, space
+from datagen import __version__, paths, space, unapplied, units
 from datagen.config import ConfigError, declared_inputs, load_config, load_raw
 from datagen.util import DatagenError
 
 STAGES = ("prepare", "generate", "tokenize", "merge", "report", "status")
 PIPELINE = ("prepare", "generate", "tokenize", "merge", "report")
-READY = "pipeline.ready.json"
+READY = paths.READY
 _READY_POLL_S = 0.5
 
 
@@ -57,7 +62,26 @@ def _parser() -> argparse.ArgumentParser:
                        help="do not open the input files (they live on another machine): list them in 'inputs'")
     check.add_argument("--base-dir", help="resolve relative input paths against this directory "
                                           "(where the config will live) instead of the config file's")
+    units = sub.add_parser("unapplied-units",
+                           help="serving units whose changed files were never applied: "
+                                "{reload: systemd holds a stale definition, restart: [units]}")
+    units.add_argument("--home", required=True, help="the role's home (workers/worker-N.env live under it)")
+    units.add_argument("--workers", type=_indexes, default=[], metavar="N,N,...",
+                       help="the worker indexes of this node, comma separated (empty: none)")
+    units.add_argument("--router", action="store_true", help="this node runs the router unit")
+    units.add_argument("--api-key-file", help="the API key's environment file the units read, when they take one")
+    units.add_argument("--unit-dir", default=unapplied.UNIT_DIR, help="where the unit files are (default %(default)s)")
+    state = sub.add_parser("pipeline-state",
+                           help="the pipeline unit's state and how far it got past its start-up: {unit: {...}, ready: {...}}")
+    state.add_argument("--work-dir", required=True, help="the pipeline's work_dir (where pipeline.ready.json is)")
     return p
+
+
+def _indexes(text: str) -> List[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of worker indexes, e.g. 0,1") from None
 
 
 def check_config(config_path: str, check_inputs: bool = True, base_dir: Optional[str] = None) -> Dict[str, Any]:
@@ -167,6 +191,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.stage == "check-config":
             result = check_config(args.config, not args.no_inputs, args.base_dir)
+        elif args.stage == "unapplied-units":
+            result = unapplied.find_unapplied(unapplied.watched_files(
+                args.home, args.workers, args.router, args.api_key_file, args.unit_dir))
+        elif args.stage == "pipeline-state":
+            result = units.pipeline_state(args.work_dir)
         else:
             result = run(args.stage, args.config, getattr(args, "force", False))
             if args.stage in PIPELINE:

@@ -13,6 +13,7 @@ TOKENIZED_DIR = "tokenized"
 MERGED_DIR = "merged"
 REPORT_DIR = "report"
 MANIFEST = "manifest.json"
+READY = "pipeline.ready.json"  # how far the pipeline got past its start-up (the role polls it)
 
 
 def in_work(work_dir: str, *parts: str) -> str:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import (
+    _gpu_free,
     _gpu_holders,
     _gpu_judge,
     _nvidia_smi,
@@ -237,6 +238,19 @@ def test_wait_times_out_bounded_and_delay_counts():
 def test_wait_timeout_zero_samples_once():
     result, calls, _clock = run_wait(busy_until=10 ** 9, timeout=0)
     assert result.samples == 1 and not result.free
+
+
+@pytest.mark.parametrize("timeout, elapsed, bound", [
+    (0, 0, 5.0),  # timeout 0 samples once: the one call still gets the 5 s a slow, working driver can need
+    (1, 0.9, 4.1),  # a short wait's calls end by 5 s into it
+    (8, 0, 8.0),
+    (8, 7.0, 1.0),  # a call started late ends with the wait
+    (8, 7.9, 0.5),  # ... but is never given less than 0.5 s
+    (120, 0, 30.0),  # the per-call cap
+    (120, 100, 20.0),
+])
+def test_nvidia_smi_call_bound(timeout, elapsed, bound):
+    assert _gpu_free.nvidia_smi_call_bound(timeout, elapsed) == bound
 
 
 def test_check_mode_waiter_samples_once_even_when_busy():
