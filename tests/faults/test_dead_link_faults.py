@@ -198,7 +198,7 @@ def cut_link(lab: dict, cut: str, control_dir: str, frozen: list) -> int:
 
 def end_frozen(frozen: list) -> None:
     """The frozen sshd processes of a point, killed: SIGKILL ends a stopped process too, and nothing more may
-    be sent after it (a SIGCONT once was, and failed when the listener had reaped the process in between)."""
+    be sent after it (a SIGCONT once was, and failed when the process had been reaped in between)."""
     for victim in frozen:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
