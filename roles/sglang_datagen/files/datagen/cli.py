@@ -62,18 +62,20 @@ def _parser() -> argparse.ArgumentParser:
                        help="do not open the input files (they live on another machine): list them in 'inputs'")
     check.add_argument("--base-dir", help="resolve relative input paths against this directory "
                                           "(where the config will live) instead of the config file's")
-    units = sub.add_parser("unapplied-units",
-                           help="serving units whose changed files were never applied: "
-                                "{reload: systemd holds a stale definition, restart: [units]}")
-    units.add_argument("--home", required=True, help="the role's home (workers/worker-N.env live under it)")
-    units.add_argument("--workers", type=_indexes, default=[], metavar="N,N,...",
-                       help="the worker indexes of this node, comma separated (empty: none)")
-    units.add_argument("--router", action="store_true", help="this node runs the router unit")
-    units.add_argument("--api-key-file", help="the API key's environment file the units read, when they take one")
-    units.add_argument("--unit-dir", default=unapplied.UNIT_DIR, help="where the unit files are (default %(default)s)")
-    state = sub.add_parser("pipeline-state",
-                           help="the pipeline unit's state and how far it got past its start-up: {unit: {...}, ready: {...}}")
-    state.add_argument("--work-dir", required=True, help="the pipeline's work_dir (where pipeline.ready.json is)")
+    unapplied_cmd = sub.add_parser("unapplied-units",
+                                   help="serving units whose changed files were never applied: "
+                                        "{reload: systemd holds a stale definition, restart: [units]}")
+    unapplied_cmd.add_argument("--home", required=True, help="the role's home (workers/worker-N.env live under it)")
+    unapplied_cmd.add_argument("--workers", type=_indexes, default=[], metavar="N,N,...",
+                               help="the worker indexes of this node, comma separated (empty: none)")
+    unapplied_cmd.add_argument("--router", action="store_true", help="this node runs the router unit")
+    unapplied_cmd.add_argument("--api-key-file",
+                               help="the API key's environment file the units read, when they take one")
+    unapplied_cmd.add_argument("--unit-dir", default=unapplied.UNIT_DIR,
+                               help="where the unit files are (default %(default)s)")
+    state_cmd = sub.add_parser("pipeline-state",
+                               help="the pipeline unit's state and how far it got past its start-up: {unit: {...}, ready: {...}}")
+    state_cmd.add_argument("--work-dir", required=True, help="the pipeline's work_dir (where pipeline.ready.json is)")
     return p
 
 
