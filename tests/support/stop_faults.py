@@ -19,6 +19,7 @@ from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, 
 import pytest
 from signal_audit import read_audit
 
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _proc
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
 from tests.support import ct200, ssh
 from tests.support import lab as lab_support
@@ -291,16 +292,18 @@ def read_lock(lab: dict) -> Optional[dict]:
 
 def controller_running(holder: Mapping) -> bool:
     """The lock holder's ansible-playbook still runs on this machine (its PID with the start time it recorded;
-    a holder from another controller counts as running: this machine cannot tell)."""
+    a holder from another controller counts as running: this machine cannot tell).
+
+    The test's own rule, not ``_lock.controller_alive`` (the take-over it checks): a zombie, an unreadable or
+    a missing PID count as gone here."""
     if holder.get("controller") != os.uname().nodename:
         return True
     try:
-        with open("/proc/%d/stat" % int(holder.get("controller_pid") or 0)) as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except (OSError, ValueError):
+        stat = _proc.read_stat(int(holder.get("controller_pid") or 0))
+    except (OSError, ValueError, _proc.ProcError):
         return False
     started = holder.get("controller_started")
-    return fields[0] != "Z" and (not isinstance(started, int) or int(fields[19]) == started)
+    return stat is not None and stat.state != "Z" and (not isinstance(started, int) or stat.starttime == started)
 
 
 def read_left_behind(lab: dict, job: Set[int], since: float) -> Tuple[LeftBehind, Dict[int, Tuple[str, str]]]:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import time
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_stat
 from tests.support.stop_faults import (
     LOCK_DEAD_HOLDER,
     LOCK_FREE,
     LOCK_LIVE_HOLDER,
+    controller_running,
     left_behind,
     ps_states,
 )
@@ -63,3 +69,26 @@ def test_an_older_record_is_not_the_killed_runs_and_a_zombie_is_gone():
     live = left_behind({300: ("S", "python3")}, JOB, None, False, [record("running", 10.0)], since=20.0, gpu_used={})
     dead = left_behind({}, JOB, None, False, [record("running", 10.0)], since=20.0, gpu_used={})
     assert live.ladder_running and not dead.ladder_running
+
+
+def test_a_lock_holders_controller_runs_while_its_pid_and_start_time_do_and_not_as_a_zombie():
+    """Real processes: the holder's recorded PID and start time, on this machine and on another one."""
+    here = os.uname().nodename
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        started = read_stat(child.pid).starttime
+        holder = {"controller": here, "controller_pid": child.pid, "controller_started": started}
+        assert controller_running(holder)
+        assert controller_running({"controller": here, "controller_pid": child.pid})  # no start time recorded
+        assert not controller_running(dict(holder, controller_started=started + 1))  # the PID reused
+        assert controller_running(dict(holder, controller="ctl2.example.internal", controller_pid=0))
+        assert not controller_running(dict(holder, controller_pid=0))
+        child.kill()
+        deadline = time.monotonic() + 10
+        while read_stat(child.pid).state != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not controller_running(holder), "a zombie (killed, not yet reaped) is not a running controller"
+    finally:
+        child.kill()
+        child.wait()
+    assert not controller_running(holder), "reaped"
