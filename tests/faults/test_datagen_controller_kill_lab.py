@@ -1,27 +1,33 @@
 """The controller lost in the middle of the ``sglang_datagen`` role, on the CT200 lab, then a plain re-run.
 
 ``ansible-playbook`` (the role's converge play, the real modules and connection) is SIGKILLed whole (its
-process group and every descendant: ansible-core 2.19's workers ``setsid`` out of the group) at a
-boundary of the role, found by its ``TASK [...]`` banner:
+process group and every descendant: ansible-core 2.19's workers ``setsid`` out of the group).
+
+After each task that changes the node (every k): a reference run (the same changes a killed play makes,
+run to the end) names the tasks that report ``changed``; for each, the play is killed the moment the next
+banner is printed, so the node holds exactly what the tasks up to that one wrote. A kill after a task that
+changes nothing leaves the node as the kill after the last one that did (the controller keeps nothing
+between runs), so these are the points where the node's state differs. The list comes from the run, not
+from this file: a task the role gains is a point at once.
+
+Three more points land inside a task or need another start:
 
 - during the install task (pip in the venv, 1 s after its banner);
-- after a new package archive is copied, before it is unpacked (the node runs an older package: its
-  archive and its unpacked files differ from the controller's, as after an upgrade of the collection);
 - after a new datagen config is written while the pipeline runs on the older one (slow workers), before
   the role restarts it: the run that finishes must be one started on the new config;
-- after the worker units are written, before systemd is reloaded and before the readiness gate;
-- during the readiness gate (the workers restarting on a changed command line);
-- after the pipeline was started, during its start-up wait.
+- during the readiness gate (the workers restarting on a changed command line).
 
-Each killed play changes the workers' command line (the stand-in's ``--latency``), as an operator's
-changed setting does, and finds a pipeline to run (its outputs removed). Then a plain re-run with the
-same settings must succeed; the pipeline finishes with every prepared id exactly once (the shared checks
-of ``tests/support/datagen_stages.py``); the workers run the new command line and systemd holds no stale
-unit definition (``NeedDaemonReload=no``); one stand-in process per worker unit, one router, no worker
-unit twice; and a second re-run changes nothing.
+Each killed play changes the workers' command line (the stand-in's ``--latency``), the datagen config (its
+sampling temperature) and the package (the node holds an older release's archive and files, as after an
+upgrade of the collection), as an operator's changed settings do, and finds a pipeline to run (its outputs
+removed). Then a plain re-run with the same settings must succeed; the pipeline finishes with every
+prepared id exactly once (the shared checks of ``tests/support/datagen_stages.py``); the workers run the new
+command line and systemd holds no stale unit definition (``NeedDaemonReload=no``); one stand-in process per
+worker unit, one router, no worker unit twice; the older package's files are gone; the run that finished
+started on the config as written; and a second re-run changes nothing.
 
-CI runs three points (the package copied, the units written, the pipeline started); ``GPUOPS_FAULTS_FULL=1``
-runs all six.
+CI runs every third point of the every-k loop (the first included); ``GPUOPS_FAULTS_FULL=1`` runs all of
+them and the three points above; ``GPUOPS_FAULTS_DATA_POINTS=A-B`` runs the loop's points A..B (from 1).
 Marked ``lab``: skipped with the reason when the lab is not up.
 """
 
@@ -31,6 +37,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Dict, List, Tuple
 
 import pytest
 import yaml
@@ -42,32 +49,33 @@ from tests.support.datagen import (
     WORK,
     lab_worker_args,
     play,
+    play_result,
     reset_pipeline,
     wait_pipeline_finished,
 )
 from tests.support.paths import LAB_INVENTORY
-from tests.support.playbook import kill_playbook, start_playbook, start_until_banner
+from tests.support.playbook import BANNER, banners_until, changed_tasks, kill_playbook, start_playbook
 from tests.support.ssh import attach
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1500)]
 
 FULL = os.environ.get("GPUOPS_FAULTS_FULL") == "1"
+# "A-B": only the points A..B of the every-k loop (a by-hand run under the lab lock, in parts)
+LOOP_POINTS = os.environ.get("GPUOPS_FAULTS_DATA_POINTS", "")
+CI_STRIDE = 3
 ROWS = 100  # the lab inventory's datagen config (target_total)
 PYTHON = "/opt/datagen/venv/bin/python"
 STAGES_SOURCE = Path(stages.__file__).read_text(encoding="utf-8")
 FINISH_S = 240
+RERUN_BOUND_S = 800 + FINISH_S  # the re-run's own timeout, then the pipeline's
 
-# (point, the task whose banner the kill waits for, seconds after the banner, in CI)
+# (point, the task whose banner the kill waits for, seconds after the banner): inside a task, or another start
 POINTS = [
-    ("during the install", "Install SGLang, sglang-router and the pipeline's requirements in one resolution", 1.0,
-     False),
-    ("package copied, not yet unpacked", "Look for the package unpacked from this archive", 0.0, True),
-    ("config written, the pipeline running on the older one", "Create the extra files' directories", 0.0, False),
-    ("units written, before the reload and the gate", "Find workers left over from a larger layout", 0.0, True),
-    ("during the readiness gate", "Wait until every worker is ready and the router routes to all of them", 0.3,
-     False),
-    ("pipeline started", "Wait until the pipeline works (or fails)", 0.0, True),
+    ("during the install", "Install SGLang, sglang-router and the pipeline's requirements in one resolution", 1.0),
+    ("config written, the pipeline running on the older one", "Create the extra files' directories", 0.0),
+    ("during the readiness gate", "Wait until every worker is ready and the router routes to all of them", 0.3),
 ]
+LOOP = "controller lost in sglang_datagen: after a task that changed the node"
 
 
 CONFIG = "/opt/datagen/datagen.yml"
@@ -82,8 +90,17 @@ def older_package(lab: dict) -> None:
            f" && echo '# only in the older release' > {PACKAGE}/{OLDER}")
 
 
-def worker_args(latency: str) -> tuple:
-    return ("-e", lab_worker_args("--latency", latency))
+def settings(latency: str, temperature: float) -> tuple:
+    """ansible-playbook arguments for the workers' LATENCY and the config's sampling TEMPERATURE."""
+    config = dict(LAB_CONFIG, sampling=dict(LAB_CONFIG["sampling"], temperature=temperature))
+    return ("-e", lab_worker_args("--latency", latency), "-e", json.dumps({"sglang_datagen_config": config}))
+
+
+def changed_settings(lab: dict, latency: str, temperature: float) -> tuple:
+    """What a killed play finds to do: the node on an older package, no pipeline output; :func:`settings`."""
+    reset_pipeline(lab)
+    older_package(lab)
+    return settings(latency, temperature)
 
 
 def stages_in_ct(lab: dict, *args: str) -> dict:
@@ -100,6 +117,12 @@ def worker_units(lab: dict) -> list:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+def last_value(argv: list, option: str) -> str:
+    """The value ARGV gives OPTION last (argparse: the last one wins); "" when it gives none."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == option]
+    return values[-1] if values else ""
+
+
 def serving_problems(lab: dict, latency: str) -> list:
     """What is wrong with the serving side after the re-run: stale definitions, old command lines, doubles."""
     problems = []
@@ -113,7 +136,7 @@ def serving_problems(lab: dict, latency: str) -> list:
     for unit in units:
         pid = show(lab, unit, "MainPID")
         argv = attach(lab, "cat", f"/proc/{pid}/cmdline", check=False).stdout.split("\0")
-        if show(lab, unit, "ActiveState") != "active" or f"--latency\0{latency}" not in "\0".join(argv):
+        if show(lab, unit, "ActiveState") != "active" or last_value(argv, "--latency") != latency:
             problems.append(f"{unit} (PID {pid}) does not run the new command line: {argv}")
     ps = attach(lab, "ps", "-ww", "-eo", "args", check=False).stdout.splitlines()
     standins = [a for a in ps if "sglang_standin/standin.py" in a and not a.startswith(("sh ", "/bin/sh"))]
@@ -126,44 +149,34 @@ def serving_problems(lab: dict, latency: str) -> list:
     return problems
 
 
-SELECTED = [p for p in POINTS if FULL or p[3]]
-
-
-@pytest.mark.parametrize("point,task,delay,_ci", SELECTED, ids=[p[0] for p in SELECTED])
-def test_controller_killed_mid_role_then_a_plain_rerun_converges(point, task, delay, _ci, lab, figures):
-    # a latency no earlier run used: the killed play changes the worker units, as a changed setting does
-    latency = "0.0%d" % (2 + POINTS.index((point, task, delay, _ci)))
-    reset_pipeline(lab)
-    args = worker_args(latency)
-    if point.startswith("package"):
-        older_package(lab)
-    if point.startswith("config"):
-        play(*worker_args("15"))  # the pipeline running on the lab's config; slow workers keep it running
-        newer = dict(LAB_CONFIG, sampling=dict(LAB_CONFIG["sampling"], temperature=0.6))
-        args += ("-e", json.dumps({"sglang_datagen_config": newer}))
-    name = "controller lost in sglang_datagen: " + point
+def kill_when(args: tuple, done, delay: float = 0.0) -> List[str]:
+    """Start the converge play with ARGS and kill it whole DELAY s after DONE(banners so far) holds; the
+    banners. AssertionError when the play ended first or went on past the kill."""
     proc = start_playbook(CONVERGE, LAB_INVENTORY, args=args)
     try:
-        start_until_banner(proc, task)
+        seen = banners_until(proc, done)
         time.sleep(delay)
     finally:
         kill_playbook(proc, with_workers=True)
     tail = proc.stdout.read() if proc.stdout else ""
-    figures.injected(name)
-    assert "TASK [" not in tail, f"the kill landed after the task {task!r} had ended:\n{tail[-2000:]}"
-    assert "PLAY RECAP" not in tail
+    assert done(seen), f"the play ended after {len(seen)} tasks, before the kill point:\n{tail[-2000:]}"
+    assert "TASK [" not in tail and "PLAY RECAP" not in tail, f"the play went on past the kill:\n{tail[-2000:]}"
+    return seen
 
+
+def rerun_converges(lab: dict, figures, name: str, args: tuple, latency: str) -> None:
+    """After a killed play: a plain re-run with the same ARGS, then everything it must show (module docstring)."""
     t0 = time.monotonic()
-    play(*args)  # the plain re-run, same settings
+    play(*args)
     wait_pipeline_finished(lab, FINISH_S)
     figures.wait("controller lost in sglang_datagen: re-run and pipeline finished", time.monotonic() - t0,
-                 800 + FINISH_S)
+                 RERUN_BOUND_S)
     check = stages_in_ct(lab, "check", WORK, str(ROWS))
     assert check["problems"] == [], check["problems"]
     assert serving_problems(lab, latency) == []
     assert attach(lab, "test", "-e", f"{PACKAGE}/{OLDER}", check=False).returncode != 0, \
         "the re-run left the older package's files in place: the new archive was never unpacked"
-    # the run that finished started on the config as it is now (not the older one it was running on)
+    # the run that finished started on the config as it is now (not an older one it was running on)
     started = show(lab, "datagen-pipeline.service", "InactiveExitTimestamp", "--timestamp=unix").lstrip("@")
     written = attach(lab, "stat", "-c", "%Y", CONFIG).stdout.strip()
     assert started and float(started) >= float(written), (started, written)
@@ -171,3 +184,65 @@ def test_controller_killed_mid_role_then_a_plain_rerun_converges(point, task, de
     assert changed == 0, out[-4000:]
     assert "finished for this config (nothing started)" in out, out[-3000:]
     figures.survived(name, rows_lost=check["lost"])
+
+
+def loop_selected(points: List[Tuple[int, str]]) -> List[Tuple[int, str]]:
+    """The every-k loop's points this run takes: GPUOPS_FAULTS_DATA_POINTS=A-B, all in full mode, else every
+    CI_STRIDE-th (the first included)."""
+    if LOOP_POINTS:
+        first, _sep, last = LOOP_POINTS.partition("-")
+        return points[int(first) - 1:int(last or first)]
+    return points if FULL else points[::CI_STRIDE]
+
+
+def test_controller_killed_after_each_task_that_changes_the_node(lab, figures):
+    temperature = 0.5
+    reference_args = changed_settings(lab, "0.009", temperature)
+    reference = play_result(*reference_args)
+    assert reference.rc == 0, reference.stdout[-4000:]
+    banners = BANNER.findall(reference.stdout)
+    # the last task's kill point would be after the play: nothing is left to kill
+    points = [(k, task) for k, task in changed_tasks(reference.stdout) if k + 1 < len(banners)]
+    figures.note("data half changed tasks", [f"{k + 1}: {task}" for k, task in points])
+    # the reference makes every kind of change: the package, the config, the units, the workers, the pipeline
+    for must in ("Copy the package archive", "Unpack the package", "Write the pipeline config",
+                 "Files | Write what differs", "Start the workers", "Start the pipeline"):
+        assert any(must in task for _k, task in points), (must, points)
+    failures: List[str] = []
+    notes: Dict[str, str] = {}
+    for n, (k, task) in enumerate(loop_selected(points), start=1):
+        name = f"{LOOP} (task {k + 1}: {task})"
+        latency = f"{0.010 + points.index((k, task)) / 1000:.3f}"
+        t_point = time.monotonic()
+        try:
+            args = changed_settings(lab, latency, round(temperature + (n + 1) / 100, 2))
+            seen = kill_when(args, lambda s, k=k: len(s) >= k + 2)
+            figures.injected(LOOP)
+            assert seen[:k + 1] == banners[:k + 1], f"the killed play took another path: {seen} vs {banners}"
+            rerun_converges(lab, figures, LOOP, args, latency)
+            notes[str(k + 1)] = f"{task}: survived in {time.monotonic() - t_point:.0f} s"
+        except AssertionError as exc:
+            failures.append(f"{name}: {exc}"[:2000])
+            figures.failed(LOOP, failures[-1])
+            notes[str(k + 1)] = f"{task}: FAILED"
+        figures.note("data half kill points", notes)
+    assert not failures, "\n\n".join(failures)
+
+
+SPECIAL = POINTS if FULL else [p for p in POINTS if p[0] == "during the readiness gate"]
+
+
+@pytest.mark.parametrize("point,task,delay", SPECIAL, ids=[p[0] for p in SPECIAL])
+def test_controller_killed_inside_a_task_then_a_plain_rerun_converges(point, task, delay, lab, figures):
+    # a latency no earlier run used: the killed play changes the worker units, as a changed setting does
+    latency = "0.0%d" % (2 + POINTS.index((point, task, delay)))
+    if point.startswith("config"):
+        play(*changed_settings(lab, "15", 0.6))  # the pipeline running on the older config; slow workers
+        older_package(lab)
+        args = settings(latency, 0.7)
+    else:
+        args = changed_settings(lab, latency, 0.7)
+    name = "controller lost in sglang_datagen: " + point
+    kill_when(args, lambda s: len(s) > 0 and task in s[-1], delay)
+    figures.injected(name)
+    rerun_converges(lab, figures, name, args, latency)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
@@ -72,7 +71,6 @@ LADDER = [{"signal": "SIGINT", "via": "tmux", "timeout": 2},
           {"signal": "SIGKILL", "timeout": 5}]
 CATCHABLE_RUNGS = sum(1 for r in LADDER if r["signal"] != "SIGKILL")
 FAULT_VARS = dict(stop.FAST, stop_training_ladder=LADDER, stop_training_lock_timeout=30)
-BANNER = re.compile(r"^TASK \[(.+?)\]", re.M)
 # the ladder's own bound: its rungs plus the GPU wait (stop_training_gpu_timeout) plus the lock wait
 LADDER_BOUND = sum(r["timeout"] for r in LADDER) + FAULT_VARS["stop_training_gpu_timeout"] + 30
 FULL = os.environ.get("GPUOPS_FAULTS_FULL") == "1"
@@ -111,21 +109,6 @@ class Verified:
     took_over_stale_lock: bool
 
 
-def banners_until(proc: subprocess.Popen, done) -> List[str]:
-    """The task banners PROC prints until DONE(banners so far) is true or the play ends (bounded: 300 s)."""
-    seen: List[str] = []
-    deadline = time.monotonic() + 300
-    for line in proc.stdout:
-        m = BANNER.match(line)
-        if m:
-            seen.append(m.group(1))
-            if done(seen):
-                break
-        if time.monotonic() > deadline:
-            break
-    return seen
-
-
 def after_task(task: str):
     """DONE for :func:`banners_until`: the banner after TASK's is printed (the kill lands right after TASK)."""
     return lambda seen: len(seen) >= 2 and task in seen[-2]
@@ -141,7 +124,7 @@ def inject(lab, figures, name: str, behaviour: str, job: Set[int], decoys: Set[i
     """Start the play, kill it once DONE(banners) holds (then BEFORE_KILL(kill) returns), take the fingerprint."""
     kill = Kill(name, behaviour, job, decoys, since=time.time(), t0=time.monotonic())
     proc = stop.start(FAULT_VARS)
-    seen = banners_until(proc, done)
+    seen = playbook.banners_until(proc, done)
     if not done(seen):
         playbook.kill_playbook(proc)
         raise AssertionError(f"{name}: the play ended after {len(seen)} tasks, before the kill point")
@@ -263,7 +246,7 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
             if FULL or same is None or left.ladder_running:
                 check, out = full_checks(lab, figures, kill, boot)
                 verified.setdefault(left, Verified(k, check.took_over_stale_lock))
-                reference = reference or BANNER.findall(out)
+                reference = reference or playbook.BANNER.findall(out)
                 how, job = "full re-run checks", set()
             else:
                 cheap_checks(lab, kill, boot, ladders=1)
@@ -280,7 +263,7 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
             job = set()
             if not reference:  # the task list is still needed to go on
                 rc, out = stop.play(FAULT_VARS)
-                reference = BANNER.findall(out) or ["?"]
+                reference = playbook.BANNER.findall(out) or ["?"]
         k += 1
     figures.note("stop half tasks", reference)
     figures.note("stop half distinct states", {v.k: s.describe() for s, v in verified.items()})

@@ -18,7 +18,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from tests.support.paths import ANSIBLE_CFG, BIN, LAB_INVENTORY, PLAYBOOKS, ROOT
 from tests.support.procfs import descendants
@@ -193,6 +193,38 @@ def adhoc_json_result(done: subprocess.CompletedProcess, host: str) -> dict:
     except ValueError:
         raise AssertionError("ansible gave no JSON (rc %s): %s %s"
                              % (done.returncode, done.stdout[-2000:], done.stderr[-2000:])) from None
+
+
+BANNER = re.compile(r"^TASK \[(.+?)\]", re.M)  # the default callback's banner, printed as each task starts
+
+
+def banners_until(proc: subprocess.Popen, done: Callable[[List[str]], bool], timeout: float = 300) -> List[str]:
+    """The task banners PROC prints until DONE(banners so far) is true or the play ends (bounded by TIMEOUT)."""
+    seen: List[str] = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        m = BANNER.match(line)
+        if m:
+            seen.append(m.group(1))
+            if done(seen):
+                break
+        if time.monotonic() > deadline:
+            break
+    return seen
+
+
+def changed_tasks(output: str) -> List[Tuple[int, str]]:
+    """From a run's default-callback output: (position in the banner list, name) of each task that reported
+    ``changed`` (a loop task once, however many of its items changed)."""
+    out: List[Tuple[int, str]] = []
+    k, name = -1, ""
+    for line in output.splitlines():
+        m = BANNER.match(line)
+        if m:
+            k, name = k + 1, m.group(1)
+        elif line.startswith("changed: [") and k >= 0 and (not out or out[-1][0] != k):
+            out.append((k, name))
+    return out
 
 
 def start_until_banner(proc: subprocess.Popen, task: str, timeout: float = 300) -> List[str]:

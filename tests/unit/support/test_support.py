@@ -11,7 +11,7 @@ import pytest
 from tests.support import paths
 from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
 from tests.support.lab import fleet_skip_reason, skip_reason
-from tests.support.playbook import playbook_argv, playbook_path, recap, task_results
+from tests.support.playbook import changed_tasks, playbook_argv, playbook_path, recap, task_results
 from tests.support.procfs import listening
 
 UP = {"up": True, "containers": {"200": "running", "201": "stopped"}}
@@ -84,6 +84,30 @@ def test_recap_reads_one_host_and_fails_naming_a_missing_one():
     assert recap(out) == {"ok": 7, "changed": 2, "unreachable": 0, "failed": 1}
     with pytest.raises(AssertionError, match="no recap for ct201"):
         recap(out, "ct201")
+
+
+RUN = """
+PLAY [Converge] ****
+TASK [role : Look at the node] ****
+ok: [ct200]
+TASK [role : Write the config] ****
+changed: [ct200]
+TASK [role : Skipped here] ****
+skipping: [ct200]
+TASK [role : Files | Write what differs] ****
+ok: [ct200] => (item=a)
+changed: [ct200] => (item=b)
+changed: [ct200] => (item=c)
+TASK [role : Report] ****
+ok: [ct200] => {
+    "msg": "changed: [ct200] is quoted here, not a result"
+}
+"""
+
+
+def test_changed_tasks_are_banner_positions_once_per_task_whatever_the_loop_items():
+    assert changed_tasks(RUN) == [(1, "role : Write the config"), (3, "role : Files | Write what differs")]
+    assert changed_tasks("changed: [ct200]\n") == []  # a result with no banner before it names no task
 
 
 def test_host_variables_share_the_lab_login_and_extra_wins(tmp_path):
