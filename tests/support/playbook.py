@@ -227,20 +227,6 @@ def changed_tasks(output: str) -> List[Tuple[int, str]]:
     return out
 
 
-def start_until_banner(proc: subprocess.Popen, task: str, timeout: float = 300) -> List[str]:
-    """PROC's output lines up to and including the first ``TASK [... TASK]`` banner (the default callback prints
-    it as the task starts); AssertionError when the play ends or TIMEOUT passes before it."""
-    seen: List[str] = []
-    deadline = time.monotonic() + timeout
-    for line in proc.stdout:
-        seen.append(line)
-        if line.startswith("TASK [") and line.split("]", 1)[0].endswith(task):
-            return seen
-        if time.monotonic() > deadline:
-            break
-    raise AssertionError("the play never reached task %r; output:\n%s" % (task, "".join(seen)[-4000:]))
-
-
 def kill_playbook(proc: subprocess.Popen, with_workers: bool = True) -> List[int]:
     """SIGKILL a started playbook (:func:`start_playbook`): its process group, and with WITH_WORKERS every
     descendant outside it too (ansible-core 2.19's workers ``setsid`` out of the group), as a controller that
