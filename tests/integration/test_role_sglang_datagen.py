@@ -36,10 +36,14 @@ from tests.support.datagen import (
     wait_pipeline_finished,
 )
 from tests.support.net import http, parse_metrics
+from tests.support.playbook import changed_tasks, task_output
 from tests.support.ssh import attach as in_ct
 
 ROUTER = "http://127.0.0.1:30000"
 WORKERS = [f"http://127.0.0.1:{31000 + i}" for i in range(8)]
+START_WORKERS = "Start the workers (restart those whose unit or GPUs changed, also in a killed run)"
+START_ROUTER = "Start the router (restart it when its unit changed, also in a killed run)"
+GATE = "Wait until every worker is ready and the router routes to all of them"
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
@@ -174,6 +178,34 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     # dry run: nothing to do either
     out, changed = play("--check")
     assert changed == 0, out[-4000:]
+
+
+def test_a_rerun_starts_and_enables_only_the_serving_units_that_need_it(lab):
+    """One worker stopped, another disabled, the router stopped: the re-run starts, enables and starts
+    those and calls systemd for no other worker (the node names the units already started and enabled);
+    the next run makes no call at all."""
+    play()  # converged, also when this test runs alone
+    in_ct(lab, "systemctl", "stop", "sglang-datagen-worker@2.service")
+    in_ct(lab, "systemctl", "disable", "sglang-datagen-worker@5.service")
+    in_ct(lab, "systemctl", "stop", "sglang-datagen-router.service")
+
+    out = play()[0]
+    # the worker items count once, as one task; the gate may also register workers the restarted router
+    # has not listed yet (it does so on its own as each answers its health check)
+    changed = [name.split(" : ", 1)[-1] for _position, name in changed_tasks(out)]
+    assert changed[:2] == [START_WORKERS, START_ROUTER] and set(changed[2:]) <= {GATE}, out[-4000:]
+    assert task_output(out, START_WORKERS) == [
+        "changed: [ct200] => (item=sglang-datagen-worker@2)", "changed: [ct200] => (item=sglang-datagen-worker@5)"]
+    assert task_output(out, START_ROUTER) == ["changed: [ct200]"]
+    for unit in ("sglang-datagen-worker@2.service", "sglang-datagen-worker@5.service", "sglang-datagen-router.service"):
+        assert in_ct(lab, "systemctl", "is-active", unit, check=False).stdout.strip() == "active", unit
+        assert in_ct(lab, "systemctl", "is-enabled", unit, check=False).stdout.strip() == "enabled", unit
+    assert router_workers() == {url: True for url in WORKERS}
+
+    out, changed = play()
+    assert changed == 0, out[-4000:]
+    assert task_output(out, START_WORKERS) == ["skipping: [ct200]"]
+    assert task_output(out, START_ROUTER) == ["skipping: [ct200]"]
 
 
 def test_role_waits_for_a_worker_held_back_then_fails_naming_it(lab):

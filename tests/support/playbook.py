@@ -227,6 +227,22 @@ def changed_tasks(output: str) -> List[Tuple[int, str]]:
     return out
 
 
+def task_output(output: str, task: str) -> List[str]:
+    """From a run's default-callback output: the non-empty lines printed under the first banner whose task
+    name starts with TASK (its results, one line per loop item); [] when no such task ran."""
+    lines: Optional[List[str]] = None
+    for line in output.splitlines():
+        m = BANNER.match(line)
+        if m:
+            if lines is not None:
+                break
+            if m.group(1).split(" : ", 1)[-1].startswith(task):
+                lines = []
+        elif lines is not None and line.strip():
+            lines.append(line)
+    return lines or []
+
+
 def kill_playbook(proc: subprocess.Popen, with_workers: bool = True) -> List[int]:
     """SIGKILL a started playbook (:func:`start_playbook`): its process group, and with WITH_WORKERS every
     descendant outside it too (ansible-core 2.19's workers ``setsid`` out of the group), as a controller that

@@ -32,11 +32,15 @@ START = 1_700_000_000.0
     ("MainPID=4242\nNeedDaemonReload=yes\nActiveState=active\n", UnitState(True, True, 4242)),
     # a unit systemd does not know (never loaded) or one stopped
     ("NeedDaemonReload=no\nActiveState=inactive\nMainPID=0\n", UnitState(False, False, 0)),
-    ("NeedDaemonReload=yes\nActiveState=activating\nMainPID=77\n", UnitState(True, False, 77)),
+    ("NeedDaemonReload=yes\nActiveState=activating\nMainPID=77\n", UnitState(True, False, 77, activating=True)),
     ("NeedDaemonReload=no\nActiveState=failed\nMainPID=\n", UnitState(False, False, 0)),
     ("", UnitState(False, False, 0)),
     ("garbage\nMainPID=x\n", UnitState(False, False, 0)),
     ("ActiveState=active\nMainPID=12=3\n", UnitState(False, True, 0)),
+    # UnitFileState: only plain "enabled" counts (a template instance reads as its wants/ symlink)
+    ("ActiveState=active\nMainPID=5\nUnitFileState=enabled\n", UnitState(False, True, 5, enabled=True)),
+    ("ActiveState=active\nMainPID=5\nUnitFileState=enabled-runtime\n", UnitState(False, True, 5)),
+    ("ActiveState=inactive\nMainPID=0\nUnitFileState=disabled\n", UnitState(False, False, 0)),
 ])
 def test_parse_show(text, expected):
     assert unapplied.parse_show(text) == expected
@@ -76,7 +80,27 @@ def test_needs_restart(case, state, process_start, mtimes, restart):
 ])
 def test_decide_reloads_when_any_definition_is_stale(reloads, expected):
     states = {unit: UnitState(flag, True, 1) for unit, flag in reloads.items()}
-    assert unapplied.decide(states, ["b"]) == {"reload": expected, "restart": ["b"]}
+    assert unapplied.decide(states, ["b"])["reload"] is expected
+
+
+# Each row: what systemd_service (state=started, enabled=true) would do with the unit, and so
+# whether the role may leave it out of its loop.
+@pytest.mark.parametrize("case,state,settled", [
+    ("running and enabled: ok", UnitState(False, True, 5, enabled=True), True),
+    ("starting and enabled: is_running_service counts activating", UnitState(False, False, 5, activating=True, enabled=True), True),
+    ("running, not enabled: would enable", UnitState(False, True, 5), False),
+    ("enabled, stopped or failed: would start", UnitState(False, False, 0, enabled=True), False),
+    ("neither", UnitState(False, False, 0), False),
+    ("a stale definition alone changes nothing for started/enabled", UnitState(True, True, 5, enabled=True), True),
+])
+def test_is_settled(case, state, settled):
+    assert unapplied.is_settled(state) is settled, case
+
+
+def test_decide_never_settles_a_unit_to_restart():
+    settled = UnitState(False, True, 5, enabled=True)
+    states = {"a": settled, "b": settled, "c": UnitState(False, True, 5)}
+    assert unapplied.decide(states, ["b"]) == {"reload": False, "restart": ["b"], "settled": ["a"]}
 
 
 def test_watched_files_layout():
@@ -204,7 +228,7 @@ def _layout(tmp_path, sleeper_pid):
     _age(f"{home}/workers/worker-0.env", +30)
     _age(f"{home}/workers/worker-1.env", -3600)
     _age(f"{home}/api-key.env", -3600)
-    running = {"NeedDaemonReload": "no", "ActiveState": "active", "MainPID": str(sleeper_pid)}
+    running = {"NeedDaemonReload": "no", "ActiveState": "active", "MainPID": str(sleeper_pid), "UnitFileState": "enabled"}
     units = {
         "sglang-datagen-worker@0.service": running,
         "sglang-datagen-worker@1.service": running,
@@ -221,7 +245,8 @@ def test_find_unapplied(tmp_path, sleeper):
     home, unit_dir, states = _layout(tmp_path, sleeper.pid)
     units = unapplied.watched_files(home, [0, 1], True, f"{home}/api-key.env", unit_dir)
     assert unapplied.find_unapplied(units, _show(states)) == {
-        "reload": True, "restart": ["sglang-datagen-worker@0.service"]}
+        "reload": True, "restart": ["sglang-datagen-worker@0.service"],
+        "settled": ["sglang-datagen-worker@1.service"]}
     # the process gone between systemd's answer and the /proc read: no restart on a guess
     sleeper.kill()
     sleeper.wait()
@@ -235,15 +260,16 @@ def test_cli_end_to_end_on_systemctl_show(tmp_path, sleeper, fake_systemctl):
             "--api-key-file", f"{home}/api-key.env", "--unit-dir", unit_dir)
     p = run_cli(*args)
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout) == {"reload": True, "restart": ["sglang-datagen-worker@0.service"]}
+    assert json.loads(p.stdout) == {"reload": True, "restart": ["sglang-datagen-worker@0.service"],
+                                    "settled": ["sglang-datagen-worker@1.service"]}
 
     # no router, no key, a worker systemd has never heard of: nothing to apply
     p = run_cli("unapplied-units", "--home", home, "--workers", "1,5", "--unit-dir", unit_dir)
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout) == {"reload": False, "restart": []}
+    assert json.loads(p.stdout) == {"reload": False, "restart": [], "settled": ["sglang-datagen-worker@1.service"]}
 
     p = run_cli("unapplied-units", "--home", home, "--workers", "")
-    assert p.returncode == 0 and json.loads(p.stdout) == {"reload": False, "restart": []}
+    assert p.returncode == 0 and json.loads(p.stdout) == {"reload": False, "restart": [], "settled": []}
 
 
 def test_cli_bad_worker_list_names_the_option(tmp_path):

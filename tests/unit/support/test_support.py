@@ -11,7 +11,7 @@ import pytest
 from tests.support import paths
 from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
 from tests.support.lab import fleet_skip_reason, skip_reason
-from tests.support.playbook import changed_tasks, playbook_argv, playbook_path, recap, task_results
+from tests.support.playbook import changed_tasks, playbook_argv, playbook_path, recap, task_output, task_results
 from tests.support.procfs import listening
 
 UP = {"up": True, "containers": {"200": "running", "201": "stopped"}}
@@ -108,6 +108,15 @@ ok: [ct200] => {
 def test_changed_tasks_are_banner_positions_once_per_task_whatever_the_loop_items():
     assert changed_tasks(RUN) == [(1, "role : Write the config"), (3, "role : Files | Write what differs")]
     assert changed_tasks("changed: [ct200]\n") == []  # a result with no banner before it names no task
+
+
+def test_task_output_is_the_lines_under_the_first_banner_of_that_task():
+    assert task_output(RUN, "Files | Write") == [
+        "ok: [ct200] => (item=a)", "changed: [ct200] => (item=b)", "changed: [ct200] => (item=c)"]
+    assert task_output(RUN, "Skipped here") == ["skipping: [ct200]"]
+    assert task_output(RUN, "Report")[0] == "ok: [ct200] => {"  # the last task: up to the end
+    assert task_output(RUN, "Write what differs") == []  # the name after the role's prefix must start with it
+    assert task_output(RUN, "Missing") == []
 
 
 def test_host_variables_share_the_lab_login_and_extra_wins(tmp_path):

@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
                                           "(where the config will live) instead of the config file's")
     unapplied_cmd = sub.add_parser("unapplied-units",
                                    help="serving units whose changed files were never applied: "
-                                        "{reload: systemd holds a stale definition, restart: [units]}")
+                                        "{reload: systemd holds a stale definition, restart: [units], "
+                                        "settled: [units already started and enabled]}")
     unapplied_cmd.add_argument("--home", required=True, help="the role's home (workers/worker-N.env live under it)")
     unapplied_cmd.add_argument("--workers", type=_indexes, default=[], metavar="N,N,...",
                                help="the worker indexes of this node, comma separated (empty: none)")
