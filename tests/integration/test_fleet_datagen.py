@@ -8,8 +8,8 @@
 free, eight stand-in workers on each node (CT200's on 127.0.0.1, CT210's on 127.0.0.2: the lab's nodes share
 this machine's network), the REAL sglang-router and the one pipeline on CT200 only, an API key that every
 worker and the router require. The stand-ins' own counters (their /metrics) show which node served. Losing
-CT210's workers mid-run still finishes with every id once; a re-run brings them back. Skipped with the reason
-when the second node is not up.
+CT210's workers mid-run still finishes with every id once; a re-run brings them back (one test: the two-node
+play and the pipeline are paid for once). Skipped with the reason when the second node is not up.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tests.support.paths import FLEET_INVENTORY
 from tests.support.playbook import PlaybookRun, run_playbook
 from tests.support.ssh import attach
 from tests.support.stop_training import REPURPOSE_PLAYBOOK
+from tests.support.wait import wait_for
 
 NODE_WORKERS = {
     MAIN_CT: [f"http://127.0.0.1:{31000 + i}" for i in range(8)],
@@ -86,14 +87,25 @@ def prompt_ids(lab: dict) -> list[str]:
     return [json.loads(line)["id"] for line in in_ct(lab, "200", "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()]
 
 
-def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
+def served_since(lab: dict, before: dict, vmid: str) -> float:
+    """Chat requests container VMID's workers answered since BEFORE (a worker restarted since counts from 0)."""
+    return sum(served(url) - (before[url][1] if before[url][0] == worker_invocation(lab, vmid, i) else 0.0)
+               for i, url in enumerate(NODE_WORKERS[vmid]))
+
+
+def test_one_job_on_two_nodes_through_one_router_with_an_api_key_a_lost_node_and_a_rerun(fleet):
+    """Both trainers stopped, one pipeline served by both nodes' workers through one router with an API key.
+    Then CT210's workers all stop mid-generation: the router sends everything to CT200's, every id once. A
+    re-run of the playbook starts CT210's workers again and the router routes to them again. (One test, so
+    the two-node play and the pipeline are paid for once.)"""
     for vmid in (MAIN_CT, NODE2_CT):
         trainer("graceful", vmid)
     reset_pipelines(fleet)
     # a worker the play restarts (its unit changed since an earlier run) counts from 0 again
     before = {url: (worker_invocation(fleet, vmid, i), served(url) if http(url + "/health")[0] == 200 else 0.0)
               for vmid, urls in NODE_WORKERS.items() for i, url in enumerate(urls)}
-    done = play()
+    # slow workers (10 s a request, 16 in flight: about 60 s for the 100 rows), so the loss lands mid-generation
+    done = play(extra=worker_args("--latency", "10"))
     out = done.output
     # the stop half on both nodes, then the fleet summary
     assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
@@ -107,23 +119,39 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
             assert in_ct(fleet, vmid, "systemctl", "is-active", f"sglang-datagen-worker@{i}.service").stdout.strip() == "active"
     assert in_ct(fleet, "210", "systemctl", "is-active", "sglang-datagen-router.service", check=False).stdout.strip() != "active"
     assert in_ct(fleet, "210", "test", "-e", "/etc/systemd/system/datagen-pipeline.service", check=False).returncode != 0
-    wait_pipeline_finished(fleet, 300)
     key = api_key(fleet)
     assert len(key) >= 32
-    # the router lists all 16 workers healthy, and both nodes' workers served chat requests
+    # the router lists all 16 workers healthy, and both nodes' workers serve chat requests (a first answer
+    # takes the workers' 10 s)
     status, body = http(ROUTER + "/workers", key=key)
     assert status == 200, body
     listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
     assert listed == {url: True for urls in NODE_WORKERS.values() for url in urls}, listed
-    per_node = {vmid: sum(served(url) - (before[url][1] if before[url][0] == worker_invocation(fleet, vmid, i) else 0.0)
-                          for i, url in enumerate(urls)) for vmid, urls in NODE_WORKERS.items()}
-    assert per_node["200"] > 0 and per_node["210"] > 0, per_node
-    # one pipeline: every prepared id exactly once, and no dataset on the second node
+    wait_for(lambda: served_since(fleet, before, "210") > 0, 60, "CT210's workers answering")  # asked while there
+
+    # CT210 lost: all its workers stop
+    in_ct(fleet, "210", "systemctl", "stop", "sglang-datagen.target")
+    assert in_ct(fleet, "200", "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip() == "activating"
+    left = 100 - len(generated_ids(fleet))
+    assert left >= 30, f"only {left} rows left when CT210 went away"
+    assert not any(_answers(url) for url in NODE_WORKERS["210"])  # gone: nothing listens there
+    wait_pipeline_finished(fleet, 400)
+    # one pipeline: every prepared id exactly once, no error, and no dataset on the second node
     prompts, ids = prompt_ids(fleet), generated_ids(fleet)
     assert len(prompts) == len(set(prompts)) == 100
     assert sorted(ids) == sorted(prompts), (len(ids), len(set(ids)))
-    assert sum(per_node.values()) >= 100
+    assert in_ct(fleet, "200", "test", "-s", f"{WORK}/generate.errors.jsonl", check=False).returncode != 0
     assert in_ct(fleet, "210", "test", "-e", f"{WORK}/generated.jsonl", check=False).returncode != 0
+    assert served_since(fleet, before, "200") > 0
+
+    # the re-run brings CT210's workers back; its gate on CT200 waits until the router lists them healthy
+    rerun = play(extra=worker_args("--latency", "10")).output
+    for i in range(8):
+        assert in_ct(fleet, "210", "systemctl", "is-active", f"sglang-datagen-worker@{i}.service").stdout.strip() == "active"
+    status, body = http(ROUTER + "/workers", key=key)
+    listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
+    assert listed == {url: True for urls in NODE_WORKERS.values() for url in urls}, listed
+
     # every worker port refuses a request without the key (401, as SGLang's auth.py) and takes it with it;
     # the router (sglang-router 0.3.2) refuses chat and its worker list without it (its /v1/models stays open)
     chat = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -136,8 +164,8 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
     assert http(ROUTER + "/v1/chat/completions", key="wrong", body=chat)[0] == 401
     assert http(ROUTER + "/workers")[0] == 401
     assert http(ROUTER + "/v1/chat/completions", key=key, body=chat)[0] == 200
-    # the key is in no log, unit file or summary: the play's output, both nodes' journals and units
-    assert key not in out
+    # the key is in no log, unit file or summary: both plays' output, both nodes' journals and units
+    assert key not in out and key not in rerun
     for vmid in ("200", "210"):
         journal = in_ct(fleet, vmid, "journalctl", "--no-pager", "-o", "cat", "--since", "-30min").stdout
         assert key not in journal, vmid
@@ -147,31 +175,6 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key(fleet):
         assert key not in units and "--api-key ${SGLANG_DATAGEN_API_KEY}" in units, vmid
         mode = in_ct(fleet, vmid, "stat", "-c", "%a", "/opt/datagen/api-key.env").stdout.strip()
         assert mode == "600", (vmid, mode)
-
-
-def test_losing_the_second_node_mid_run_still_finishes_and_a_rerun_restores_it(fleet):
-    """CT210's workers all stop mid-generation: the router sends everything to CT200's; every id once. A re-run
-    of the playbook starts CT210's workers again and the router routes to them again."""
-    reset_pipelines(fleet)
-    # slow workers (10 s a request, 16 in flight: about 60 s for the 100 rows), so the loss lands mid-generation
-    play(extra=worker_args("--latency", "10"))
-    key = api_key(fleet)
-    in_ct(fleet, "210", "systemctl", "stop", "sglang-datagen.target")
-    assert in_ct(fleet, "200", "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip() == "activating"
-    left = 100 - len(generated_ids(fleet))
-    assert left >= 30, f"only {left} rows left when CT210 went away"
-    assert not any(_answers(url) for url in NODE_WORKERS["210"])  # gone: nothing listens there
-    wait_pipeline_finished(fleet, 400)
-    prompts, ids = prompt_ids(fleet), generated_ids(fleet)
-    assert sorted(ids) == sorted(prompts) and len(ids) == 100, (len(ids), len(set(ids)))
-    assert in_ct(fleet, "200", "test", "-s", f"{WORK}/generate.errors.jsonl", check=False).returncode != 0
-    # the re-run brings CT210's workers back; its gate on CT200 waits until the router lists them healthy
-    play(extra=worker_args("--latency", "10"))
-    for i in range(8):
-        assert in_ct(fleet, "210", "systemctl", "is-active", f"sglang-datagen-worker@{i}.service").stdout.strip() == "active"
-    status, body = http(ROUTER + "/workers", key=key)
-    listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
-    assert all(listed.get(url) for url in NODE_WORKERS["210"]), listed
 
 
 def _answers(url: str) -> bool:

@@ -44,6 +44,7 @@ WORKERS = [f"http://127.0.0.1:{31000 + i}" for i in range(8)]
 START_WORKERS = "Start the workers (restart those whose unit or GPUs changed, also in a killed run)"
 START_ROUTER = "Start the router (restart it when its unit changed, also in a killed run)"
 GATE = "Wait until every worker is ready and the router routes to all of them"
+INSTALL = "Install SGLang, sglang-router and the pipeline's requirements in one resolution"
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
@@ -104,6 +105,9 @@ def drop_from_router(url):
 
 
 def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
+    """The whole role and the pipeline it launches; a re-run and a dry run change nothing; then what an
+    operator undoes by hand (units stopped or disabled, a worker dropped from the router) is all a re-run
+    changes."""
     reset_pipeline(lab)
     before = server_metrics()
     out = play()[0]
@@ -170,21 +174,26 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     status = json.loads(status)
     assert (status["state"], status["done"], status["total"], status["running"]) == ("finished", 100, 100, False)
 
-    # again: nothing changes and the finished pipeline is not started again
+    # again: nothing changes and the finished pipeline is not started again; the venv holds every pin,
+    # so the installer is not even asked
     out, changed = play()
     assert changed == 0, out[-4000:]
     assert "finished for this config" in out
+    assert task_output(out, INSTALL) == ["skipping: [ct200]"], out[-4000:]
 
     # dry run: nothing to do either
     out, changed = play("--check")
     assert changed == 0, out[-4000:]
 
+    # the converged node is where the two re-run cases below start (each would otherwise pay a converge)
+    rerun_starts_and_enables_only_the_serving_units_that_need_it(lab)
+    gate_registers_a_worker_the_router_dropped()
 
-def test_a_rerun_starts_and_enables_only_the_serving_units_that_need_it(lab):
+
+def rerun_starts_and_enables_only_the_serving_units_that_need_it(lab):
     """One worker stopped, another disabled, the router stopped: the re-run starts, enables and starts
     those and calls systemd for no other worker (the node names the units already started and enabled);
     the next run makes no call at all."""
-    play()  # converged, also when this test runs alone
     in_ct(lab, "systemctl", "stop", "sglang-datagen-worker@2.service")
     in_ct(lab, "systemctl", "disable", "sglang-datagen-worker@5.service")
     in_ct(lab, "systemctl", "stop", "sglang-datagen-router.service")
@@ -206,6 +215,17 @@ def test_a_rerun_starts_and_enables_only_the_serving_units_that_need_it(lab):
     assert changed == 0, out[-4000:]
     assert task_output(out, START_WORKERS) == ["skipping: [ct200]"]
     assert task_output(out, START_ROUTER) == ["skipping: [ct200]"]
+
+
+def gate_registers_a_worker_the_router_dropped():
+    """Worker 2 dropped from the real router (every worker registered before): the role's gate must see
+    it missing and register it again."""
+    drop_from_router(WORKERS[2])
+    assert WORKERS[2] not in router_workers()
+    out = play()[0]
+    gate = re.search(r"TASK \[[^\]]*Wait until every worker is ready and the router routes to all of them\][^\n]*\n(\w+):", out)
+    assert gate and gate.group(1) == "changed", out[-4000:]  # the gate registered it
+    assert router_workers() == {url: True for url in WORKERS}
 
 
 def test_role_waits_for_a_worker_held_back_then_fails_naming_it(lab):
@@ -233,17 +253,6 @@ def test_role_waits_for_a_worker_held_back_then_fails_naming_it(lab):
     assert "worker@4" not in error and "worker@6" not in error, error
     assert elapsed >= 6
     assert "pipeline: started" not in done.stdout  # nothing launched against a server that is not there
-
-
-def test_gate_registers_a_worker_the_router_dropped(lab):
-    # drop worker 2 from the real router; the role's gate must see it missing and register it again
-    play()  # this checkout's units (the shared lab may hold another one's), every worker registered
-    drop_from_router(WORKERS[2])
-    assert WORKERS[2] not in router_workers()
-    out = play()[0]
-    gate = re.search(r"TASK \[[^\]]*Wait until every worker is ready and the router routes to all of them\][^\n]*\n(\w+):", out)
-    assert gate and gate.group(1) == "changed", out[-4000:]  # the gate registered it
-    assert router_workers() == {url: True for url in WORKERS}
 
 
 def test_router_uses_a_worker_restarted_mid_run_and_every_id_is_generated_once(lab):
