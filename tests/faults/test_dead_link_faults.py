@@ -42,6 +42,9 @@ At each cut point (what tests/faults/README.md says must happen):
 
 The restart points and the down point check the same ladder, re-run, signal and checkpoint facts.
 
+CI runs each kind once (``CI_POINTS``: the three rungs spread over the kinds, and the mid-save point);
+``GPUOPS_FAULTS_FULL=1`` runs every kind during every rung (16 points).
+
 Marked ``lab`` (and ``faults``): skipped with the reason when the lab is not up.
 """
 
@@ -118,6 +121,13 @@ POINTS += [pytest.param(FROZEN, rung, "stubborn", id="%s-%s" % (FROZEN, RUNGS[ru
 # last: a restart leaves the module's ``lab`` with the new sshd's PID (updated by the test), the cuts above use it
 POINTS += [pytest.param(RESTARTED, rung, "stubborn", id="%s-%s" % (RESTARTED, RUNGS[rung])) for rung in range(3)]
 POINTS += [pytest.param(DOWN_KILLED, rung, "stubborn", id="%s-%s" % (DOWN_KILLED, RUNGS[rung])) for rung in range(3)]
+# CI: every cut kind once, the three rungs spread over them (SIGINT: master killed, daemon down; SIGTERM: sshd
+# child killed, as in the incident, and the restart; SIGKILL: the frozen child), and the mid-save point.
+# GPUOPS_FAULTS_FULL=1 runs every kind in every rung.
+CI_POINTS = ("master_killed-SIGINT", "sshd_child_killed-SIGTERM", "sshd_child_killed-SIGINT-slow_checkpoint",
+             FROZEN + "-SIGKILL", RESTARTED + "-SIGTERM", DOWN_KILLED + "-SIGINT")
+if os.environ.get("GPUOPS_FAULTS_FULL") != "1":
+    POINTS = [point for point in POINTS if point.id in CI_POINTS]
 
 
 @pytest.fixture(scope="module")
