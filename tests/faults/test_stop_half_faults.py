@@ -8,9 +8,11 @@ descendant, including ansible-core 2.19's workers, which ``setsid`` themselves o
 kills the process group alone, as ``kill -9 -PGID`` does: any worker it misses must then end on its own
 within ``WORKER_EXIT_BOUND_S``, pct_ssh having tied it to its controller).
 
-Every k is injected, in CI too. After each kill the test takes the fingerprint of what the killed run left
-in CT200 (``tests/support/stop_faults.LeftBehind``: the job's processes running and stopped, the run lock
-and whether its holder lives, a ladder still running, the killed run's ladder record, the GPUs holding
+Every k is injected with ``GPUOPS_FAULTS_FULL=1``; CI kills after the first task and after each task that
+reported ``changed`` in the reference run (:func:`selected_points`: where CT200's state can differ). After
+each kill the test takes the fingerprint of what the killed run left in CT200
+(``tests/support/stop_faults.LeftBehind``: the job's processes running and stopped, the run lock and
+whether its holder lives, a ladder still running, the killed run's ladder record, the GPUs holding
 memory). The first point of each distinct fingerprint gets the full re-run checks: a plain re-run
 succeeds; its summary tells the truth (it stopped the processes still running, or says nothing was
 selected and names the killed run's ladder, its pid and the rung that stopped the job; a stale lock is
@@ -221,6 +223,23 @@ def point_range(n: int) -> range:
     return range(max(1, int(first)), min(n, int(last or first) + 1))
 
 
+def selected_points(n: int, changed: Set[int]) -> List[int]:
+    """The ks this run kills at: every k of :func:`point_range` in full mode or with GPUOPS_FAULTS_STOP_POINTS;
+    in CI the first and every k right after a task that reported ``changed`` in the reference run (CHANGED).
+    A kill after a task that changes nothing leaves CT200 as the kill after the last one that did (the
+    controller keeps nothing between runs): the full loop of 2026-12-01 found its 4 distinct states at
+    exactly these points (1, the lock taken, the ladder done, the lock released)."""
+    ks = list(point_range(n))
+    if FULL or POINTS:
+        return ks
+    return [k for k in ks if k == ks[0] or k in changed]
+
+
+def changed_ks(output: str) -> Set[int]:
+    """The ks (1-based task numbers) of the tasks that reported ``changed`` in a run's OUTPUT."""
+    return {position + 1 for position, _task in playbook.changed_tasks(output)}
+
+
 def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
     """Every task boundary k = 1..n-1 of the play (stubborn trainer, whole controller killed). The play's task
     list comes from the first verified point's re-run (a whole play with the job running, as a reference
@@ -229,11 +248,12 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
     decoys = ct200.decoy_pids(lab)
     verified: Dict[LeftBehind, Verified] = {}
     reference: List[str] = []
+    changed: Set[int] = set()  # the ks whose task reported changed in the reference run
     states: Dict[int, Dict[str, str]] = {}
     failures: List[str] = []
     job: Set[int] = set()
-    k = int(POINTS.partition("-")[0]) if POINTS else 1
-    while not reference or k in point_range(len(reference)):
+    k: Optional[int] = int(POINTS.partition("-")[0]) if POINTS else 1
+    while k is not None:
         name = f"ansible-playbook SIGKILLed after task {k}"
         t_point = time.monotonic()
         try:
@@ -246,7 +266,8 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
             if FULL or same is None or left.ladder_running:
                 check, out = full_checks(lab, figures, kill, boot)
                 verified.setdefault(left, Verified(k, check.took_over_stale_lock))
-                reference = reference or playbook.BANNER.findall(out)
+                if not reference:
+                    reference, changed = playbook.BANNER.findall(out), changed_ks(out)
                 how, job = "full re-run checks", set()
             else:
                 cheap_checks(lab, kill, boot, ladders=1)
@@ -263,8 +284,8 @@ def test_playbook_sigkilled_after_each_task_then_rerun(lab, figures):
             job = set()
             if not reference:  # the task list is still needed to go on
                 rc, out = stop.play(FAULT_VARS)
-                reference = playbook.BANNER.findall(out) or ["?"]
-        k += 1
+                reference, changed = playbook.BANNER.findall(out) or ["?"], changed_ks(out)
+        k = next((j for j in selected_points(len(reference), changed) if j > k), None)
     figures.note("stop half tasks", reference)
     figures.note("stop half distinct states", {v.k: s.describe() for s, v in verified.items()})
     assert len(reference) > 40 and reference.index(next(t for t in reference if LOCK_TASK in t)) > 0, reference
