@@ -8,9 +8,9 @@ descendant, including ansible-core 2.19's workers, which ``setsid`` themselves o
 kills the process group alone, as ``kill -9 -PGID`` does: any worker it misses must then end on its own
 within ``WORKER_EXIT_BOUND_S``, pct_ssh having tied it to its controller).
 
-Every k is injected with ``GPUOPS_FAULTS_FULL=1``; CI kills after the first task and after each task that
-reported ``changed`` in the reference run (:func:`selected_points`: where CT200's state can differ). After
-each kill the test takes the fingerprint of what the killed run left in CT200
+Every k is injected with ``GPUOPS_FAULTS_FULL=1``; CI kills after the first and the last task and after
+each task that reported ``changed`` in the reference run (:func:`selected_points`: where CT200's state can
+differ). After each kill the test takes the fingerprint of what the killed run left in CT200
 (``tests/support/stop_faults.LeftBehind``: the job's processes running and stopped, the run lock and
 whether its holder lives, a ladder still running, the killed run's ladder record, the GPUs holding
 memory). The first point of each distinct fingerprint gets the full re-run checks: a plain re-run
@@ -225,14 +225,16 @@ def point_range(n: int) -> range:
 
 def selected_points(n: int, changed: Set[int]) -> List[int]:
     """The ks this run kills at: every k of :func:`point_range` in full mode or with GPUOPS_FAULTS_STOP_POINTS;
-    in CI the first and every k right after a task that reported ``changed`` in the reference run (CHANGED).
-    A kill after a task that changes nothing leaves CT200 as the kill after the last one that did (the
-    controller keeps nothing between runs): the full loop of 2026-12-01 found its 4 distinct states at
-    exactly these points (1, the lock taken, the ladder done, the lock released)."""
+    in CI the first, the last and every k right after a task that reported ``changed`` in the reference run
+    (CHANGED). A kill after a task that changes nothing leaves CT200 as the kill after the last one that did
+    (the controller keeps nothing between runs), with one exception: the run lock's release reports ``ok``
+    (it changes nothing the run did not change itself), so the last point stands for "everything done, the
+    lock released". The full loop of 2026-12-01 found its 4 distinct states at these points (1, the lock
+    taken, the ladder done, the lock released)."""
     ks = list(point_range(n))
     if FULL or POINTS:
         return ks
-    return [k for k in ks if k == ks[0] or k in changed]
+    return [k for k in ks if k in (ks[0], ks[-1]) or k in changed]
 
 
 def changed_ks(output: str) -> Set[int]:
