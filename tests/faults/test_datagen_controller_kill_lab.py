@@ -46,6 +46,8 @@ import yaml
 from tests.support import datagen_stages as stages
 from tests.support.datagen import (
     CONVERGE,
+    GATE_TASK,
+    INSTALL_TASK,
     LAB_VARS_FILE,
     WORK,
     lab_worker_args,
@@ -54,13 +56,13 @@ from tests.support.datagen import (
     reset_pipeline,
     wait_pipeline_finished,
 )
+from tests.support.faults import FULL
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import BANNER, banners_until, changed_tasks, kill_playbook, start_playbook
 from tests.support.ssh import attach
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(1500)]
 
-FULL = os.environ.get("GPUOPS_FAULTS_FULL") == "1"
 # "A-B": only the points A..B of the every-k loop (a by-hand run under the lab lock, in parts)
 LOOP_POINTS = os.environ.get("GPUOPS_FAULTS_DATA_POINTS", "")
 # CI's one point of the every-k loop: the kill right after the workers restarted, where the most is half
@@ -75,9 +77,9 @@ RERUN_BOUND_S = 800 + FINISH_S  # the re-run's own timeout, then the pipeline's
 
 # (point, the task whose banner the kill waits for, seconds after the banner): inside a task, or another start
 POINTS = [
-    ("during the install", "Install SGLang, sglang-router and the pipeline's requirements in one resolution", 1.0),
+    ("during the install", INSTALL_TASK, 1.0),
     ("config written, the pipeline running on the older one", "Create the extra files' directories", 0.0),
-    ("during the readiness gate", "Wait until every worker is ready and the router routes to all of them", 0.3),
+    ("during the readiness gate", GATE_TASK, 0.3),
 ]
 LOOP = "controller lost in sglang_datagen: after a task that changed the node"
 

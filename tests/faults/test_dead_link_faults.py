@@ -61,6 +61,7 @@ import pytest
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
 from tests.support import ct200
 from tests.support import lab as lab_support
+from tests.support.faults import FULL
 from tests.support.paths import ROOT
 from tests.support.playbook import adhoc_argv, ansible_env, start_adhoc
 from tests.support.procfs import descendants, listening
@@ -126,7 +127,7 @@ POINTS += [pytest.param(DOWN_KILLED, rung, "stubborn", id="%s-%s" % (DOWN_KILLED
 # GPUOPS_FAULTS_FULL=1 runs every kind in every rung.
 CI_POINTS = ("master_killed-SIGINT", "sshd_child_killed-SIGTERM", "sshd_child_killed-SIGINT-slow_checkpoint",
              FROZEN + "-SIGKILL", RESTARTED + "-SIGTERM", DOWN_KILLED + "-SIGINT")
-if os.environ.get("GPUOPS_FAULTS_FULL") != "1":
+if not FULL:
     POINTS = [point for point in POINTS if point.id in CI_POINTS]
 
 

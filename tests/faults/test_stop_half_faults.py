@@ -44,6 +44,7 @@ import pytest
 from tests.support import ct200, playbook, ssh
 from tests.support import lab as lab_support
 from tests.support import stop_training as stop
+from tests.support.faults import FULL
 from tests.support.stop_faults import (
     LOCK_DEAD_HOLDER,
     RUNG_SIGNALS,
@@ -75,7 +76,6 @@ CATCHABLE_RUNGS = sum(1 for r in LADDER if r["signal"] != "SIGKILL")
 FAULT_VARS = dict(stop.FAST, stop_training_ladder=LADDER, stop_training_lock_timeout=30)
 # the ladder's own bound: its rungs plus the GPU wait (stop_training_gpu_timeout) plus the lock wait
 LADDER_BOUND = sum(r["timeout"] for r in LADDER) + FAULT_VARS["stop_training_gpu_timeout"] + 30
-FULL = os.environ.get("GPUOPS_FAULTS_FULL") == "1"
 # "A-B": only the points A..B of the every-task loop (a by-hand run under the lab lock, in parts); CI runs all
 POINTS = os.environ.get("GPUOPS_FAULTS_STOP_POINTS", "")
 LOCK_TASK = "Lock | Take the run lock"

@@ -16,6 +16,9 @@ from tests.support.ssh import attach
 WORK = "/srv/datagen/work"
 # The role's converge play (the datagen half alone) and the lab inventory's datagen settings.
 CONVERGE = TESTS / "integration" / "sglang_datagen" / "converge.yml"
+# task names of role sglang_datagen that tests look for in a play's output
+INSTALL_TASK = "Install SGLang, sglang-router and the pipeline's requirements in one resolution"
+GATE_TASK = "Wait until every worker is ready and the router routes to all of them"
 LAB_VARS_FILE = LAB_INVENTORY / "group_vars" / "training_containers.yml"
 
 # inside CT200: the tokenized rows against the server's ids in generated.jsonl (token-exact rows)

@@ -9,6 +9,8 @@ import time
 from typing import Any, Dict, List
 
 FIGURES = os.environ.get("GPUOPS_FAULTS_FIGURES", "/tmp/gpuops-faults-figures.json")
+# the repetition over points (every k, every rung); without it CI runs each fault kind at its chosen points
+FULL = os.environ.get("GPUOPS_FAULTS_FULL") == "1"
 
 
 class Figures:
