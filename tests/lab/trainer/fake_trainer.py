@@ -25,11 +25,13 @@ Behaviours (``--behaviour``):
 graceful
     SIGINT/SIGTERM to a worker: rank 0 saves a checkpoint, every worker exits 0.
     SIGINT/SIGTERM to the launcher: SIGTERM to every worker, wait up to
-    ``--teardown-seconds`` (torchrun: 30), SIGKILL the rest, exit. A worker that
+    ``--teardown-seconds`` (torchrun: 30), SIGKILL the rest with torchrun's
+    "Unable to shutdown process ..." line, exit. A worker that
     dies on its own makes the launcher tear the others down and exit 1.
 slow_checkpoint
     As graceful, but the shutdown save takes ``--checkpoint-seconds`` (default
-    20) and the ``.tmp`` file keeps growing while it runs.
+    20, by the clock however loaded the machine) and the ``.tmp`` file keeps
+    growing while it runs.
 stubborn
     Workers ignore SIGINT and SIGTERM (as if blocked in an NCCL collective) and
     keep stepping; the launcher forwards SIGTERM and then waits for them forever.
@@ -124,12 +126,16 @@ def write_checkpoint(ckpt_dir: str, step: int, seconds: float = 0.0) -> str:
         header = json.dumps({"step": step, "pid": os.getpid(), "time": time.time()}).encode() + b"\n"
         handle.write(header)
         digest.update(header)
-        for _chunk in range(chunks):
+        started = time.monotonic()
+        for chunk in range(chunks):
             handle.write(block)
             digest.update(block)
             handle.flush()
-            if seconds > 0:
-                time.sleep(seconds / chunks)
+            # paced against one clock: a sleep that overruns (a loaded or CPU-throttled machine)
+            # shortens the next, so the save takes ``seconds``, not chunks x the scheduler's delay
+            ahead = started + seconds * (chunk + 1) / chunks - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
         handle.write(b"\nsha256:" + digest.hexdigest().encode() + b"\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -269,6 +275,9 @@ def teardown(workers: dict[int, subprocess.Popen], seconds: float | None) -> Non
         if deadline is not None and time.monotonic() >= deadline:
             for proc in workers.values():
                 if proc.poll() is None:
+                    # torch/distributed/elastic/multiprocessing/api.py, SubprocessContext._close
+                    say("launcher", "Unable to shutdown process %d via SIGTERM, forcefully exiting via SIGKILL"
+                        % proc.pid)
                     proc.kill()
             break
         time.sleep(0.05)

@@ -130,6 +130,11 @@ class Trainer:
     def workers(self) -> list[int]:
         return [pid for pid in pids_with(self.ckpt_dir) if "--worker" in cmdline(pid)]
 
+    def worker_of_rank(self, rank: int) -> int:
+        found = [pid for pid in self.workers() if "--rank %d " % rank in cmdline(pid)]
+        assert len(found) == 1, "rank %d: %s" % (rank, found)
+        return found[0]
+
     def launcher(self) -> int | None:
         found = [pid for pid in pids_with(self.ckpt_dir) if "--worker" not in cmdline(pid)]
         return found[0] if found else None

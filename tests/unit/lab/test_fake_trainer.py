@@ -93,6 +93,28 @@ def test_slow_checkpoint_file_keeps_growing_while_saving(job):
     assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
 
 
+def test_a_slow_save_keeps_to_its_seconds_when_every_sleep_overruns(tmp_path, monkeypatch):
+    # A loaded or CPU-throttled machine wakes each sleeper late. Paced per chunk, 10 chunks each
+    # 0.15 s late made a 1 s save take 2.5 s; in the lab a 20 s save grew past torchrun's 30 s
+    # teardown, which then killed it mid-save. Paced against one clock, the overruns do not add up.
+    real_sleep = time.sleep
+    monkeypatch.setattr(fake_trainer.time, "sleep", lambda seconds: real_sleep(seconds + 0.15 if seconds > 0 else 0))
+    started = time.monotonic()
+    path = fake_trainer.write_checkpoint(str(tmp_path), 700, seconds=1.0)
+    took = time.monotonic() - started
+    assert verify_checkpoint(path) == 700
+    assert 1.0 <= took < 1.0 + 4 * 0.15, took
+
+
+def test_teardown_past_its_wait_kills_a_saving_worker_with_torchruns_line(job):
+    trainer = job("slow_checkpoint", nproc=2, extra=["--checkpoint-seconds", "30", "--teardown-seconds", "1"])
+    rank0 = trainer.worker_of_rank(0)
+    trainer.proc.send_signal(signal.SIGINT)
+    assert trainer.proc.wait(timeout=20) == 0
+    assert "Unable to shutdown process %d via SIGTERM, forcefully exiting via SIGKILL" % rank0 in trainer.log()
+    assert [n for n in os.listdir(trainer.ckpt_dir) if n.endswith(".tmp")], "the killed save left no .tmp"
+
+
 def test_stubborn_workers_ignore_int_and_term_only_kill_ends_them(job):
     trainer = job("stubborn")
     workers = trainer.workers()
