@@ -42,6 +42,7 @@ OWNER = {"controller": "ctl.example.internal", "controller_pid": 4242, "user": "
 ACQUIRE = """
 import json, sys
 from ansible_collections.gpuops.repurpose.plugins.module_utils._lock import LockHeld, acquire
+print("acquiring", file=sys.stderr, flush=True)  # the caller times its wait from here, not from the spawn
 try:
     print(json.dumps(acquire(sys.argv[1], sys.argv[2], {}, float(sys.argv[3]), 100.0)))
 except LockHeld as exc:
@@ -57,8 +58,13 @@ time.sleep(float(sys.argv[2]))
 
 
 def other_run(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(ACQUIRE), *args], stdout=subprocess.PIPE, text=True,
-                            env=ENV, stdin=subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(ACQUIRE), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV, stdin=subprocess.DEVNULL)
+
+
+def acquiring(proc: subprocess.Popen) -> None:
+    """Return once the other run has imported the lock code and is calling acquire (its wait starts here)."""
+    assert proc.stderr.readline().strip() == "acquiring"
 
 
 def hold_flock(path: str, seconds: float) -> subprocess.Popen:
@@ -111,6 +117,8 @@ def test_second_run_fails_after_the_bounded_wait_naming_the_holder(path):
 def test_second_run_waits_and_gets_the_lock_when_the_first_releases(path):
     acquire(path, "a", OWNER, 0, 100)
     waiter = other_run(path, "b", "30")
+    # under load the interpreter's start can take a good part of a second: the wait is timed from acquire
+    acquiring(waiter)
     time.sleep(1.0)
     assert waiter.poll() is None, "the second run must wait while the first holds the lock"
     release(path, "a")
