@@ -150,6 +150,12 @@ def write_checkpoint(ckpt_dir: str, step: int, seconds: float = 0.0) -> str:
     return final
 
 
+def checkpoint_header(path: str) -> dict:
+    """The JSON line a save starts with: its step, the writer's pid and the wall time it began."""
+    with open(path, "rb") as handle:
+        return json.loads(handle.readline())
+
+
 def verify_checkpoint(path: str) -> int:
     """The step of an intact checkpoint; ValueError when torn or corrupt."""
     with open(path, "rb") as handle:
@@ -159,7 +165,7 @@ def verify_checkpoint(path: str) -> int:
         raise ValueError("%s: no sha256 trailer (torn write)" % path)
     if hashlib.sha256(body).hexdigest().encode() != trailer:
         raise ValueError("%s: checksum mismatch" % path)
-    return int(json.loads(body.split(b"\n", 1)[0])["step"])
+    return int(checkpoint_header(path)["step"])
 
 
 def latest_checkpoint(ckpt_dir: str) -> tuple[str, int] | None:
