@@ -864,9 +864,14 @@ class _Master:
                 return {"error": {"kind": "lost", "msg": msg}}, ()
             return {"error": {"kind": "master", "msg": "%s: %s" % (type(e).__name__, e)}}, ()
 
-    def handle(self, conn: socket.socket) -> None:
+    def accepted(self, conn: socket.socket) -> None:
+        """Serve CONN in its own thread, counted as active from now: a master that is leaving waits for it
+        (counted inside the thread, it could exit first and reset a worker that is already connected)."""
         with self.lock:
             self.active += 1
+        threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(60)
             header, blobs = _recv(conn)
@@ -941,7 +946,7 @@ class _Master:
                 conn, dummy_addr = srv.accept()
             except socket.timeout:
                 continue
-            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+            self.accepted(conn)
         self.shutdown(srv)
 
     def shutdown(self, srv: socket.socket) -> None:
@@ -953,7 +958,7 @@ class _Master:
                 conn, dummy_addr = srv.accept()
             except (socket.timeout, OSError):
                 break
-            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+            self.accepted(conn)
         # a running transfer may take long while the connection lives; once it is dead every request
         # fails within a second (its channel is closed), so the master exits promptly
         deadline = time.monotonic() + 24 * 3600

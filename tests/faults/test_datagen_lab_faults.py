@@ -1,7 +1,9 @@
 """Faults in the data half on the CT200 lab: the role's real systemd units, the real router, the stand-in workers.
 
-- One SGLang worker and then the router SIGKILLed mid-generation (``systemctl kill -s SIGKILL``):
-  systemd restarts both (``Restart=on-failure``), generation finishes, every prepared id exactly once.
+- The router and then one SGLang worker SIGKILLed mid-generation (``systemctl kill -s SIGKILL``):
+  systemd restarts both (``Restart=on-failure``), the router sends requests to the restarted worker again
+  by itself (its circuit breaker, ``--cb-timeout-duration-secs``), generation finishes, every prepared id
+  exactly once and token-exact, no request left in the errors file.
 - CT200 rebooted mid-pipeline (``pct reboot`` on the lab's PVE host): after boot the unfinished
   pipeline resumes by itself (``datagen-pipeline.timer``) and finishes, every id exactly once; rebooted
   again once finished, it does not run again (the unit's ``ExecCondition`` reads ``pipeline.done``).
@@ -20,10 +22,13 @@ import pytest
 from tests.support.datagen import (
     TOKEN_EXACT_PY,
     WORK,
+    WORKERS,
     generated_rows,
     lab_worker_args,
     play,
     reset_pipeline,
+    router_workers,
+    server_metrics,
     wait_pipeline_finished,
 )
 from tests.support.lab import lab_cli
@@ -41,7 +46,9 @@ def pve(lab, *argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return on_host(lab, *argv, timeout=timeout, check=False)
 
 
-def every_id_once(lab) -> int:
+def every_id_once(lab, token_exact: bool = False) -> int:
+    """Every prepared id exactly once in generated.jsonl and in the tokenized rows (with TOKEN_EXACT, each row
+    token-exact: prompt and response ids as the worker counted them); the rows lost."""
     prompts = [json.loads(line)["id"] for line in attach(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()]
     ids = [r["id"] for r in generated_rows(lab)]
     assert len(prompts) == len(set(prompts)) == ROWS
@@ -49,6 +56,8 @@ def every_id_once(lab) -> int:
     assert sorted(ids) == sorted(prompts), sorted(set(prompts) - set(ids))[:5]
     exact = json.loads(attach(lab, "/opt/datagen/venv/bin/python", "-c", TOKEN_EXACT_PY, WORK).stdout)
     assert (exact["rows"], exact["distinct"]) == (ROWS, ROWS), exact
+    if token_exact:
+        assert exact["exact"] == ROWS, exact
     return ROWS - exact["distinct"]
 
 
@@ -57,12 +66,19 @@ def main_pid(lab, unit: str) -> int:
     return int(out) if out.isdigit() else 0
 
 
-def test_worker_and_router_sigkilled_mid_generation_systemd_restarts_them(lab, figures):
+def test_router_then_a_worker_sigkilled_mid_generation_systemd_restarts_them_and_the_router_uses_it_again(
+        lab, figures):
     reset_pipeline(lab)
-    # slow workers (10 s a request, 16 in flight: about 60 s for the 100 rows): both kills land mid-run
-    play("-e", lab_worker_args("--latency", "10"))
-    unit = "sglang-datagen-worker@2.service"
-    for victim in (unit, "sglang-datagen-router.service"):
+    # slow workers (15 s a request, 16 in flight: about 105 s for the 100 rows): both kills land mid-run, and
+    # rows are left once the worker is back (RestartSec 15 s) and the router's breaker lets it in again
+    play("-e", lab_worker_args("--latency", "15"))
+    argv = attach(lab, "systemctl", "show", "-p", "ExecStart", "sglang-datagen-router.service").stdout
+    assert "--cb-timeout-duration-secs 10" in argv, argv  # sglang_datagen_router_cb_timeout (upstream: 60)
+    worker, url = "sglang-datagen-worker@3.service", WORKERS[3]
+    metrics_before = server_metrics()
+    # the router first: the worker's kill then reaches a router that has seen it answer, so using the restarted
+    # worker again is the router's own recovery (its circuit breaker), not a fresh router's first look
+    for victim in ("sglang-datagen-router.service", worker):
         before = main_pid(lab, victim)
         assert before, f"{victim} is not running"
         assert attach(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip() \
@@ -71,8 +87,20 @@ def test_worker_and_router_sigkilled_mid_generation_systemd_restarts_them(lab, f
         figures.injected("SIGKILL mid-generation: " + victim.split("@", maxsplit=1)[0].split(".", maxsplit=1)[0])
         # RestartSec: worker 15 s, router 5 s
         wait_for(lambda v=victim, b=before: main_pid(lab, v) not in (0, b), 60, f"{victim} restarted by systemd")
+    left = ROWS - len(generated_rows(lab))
+    assert left >= 20, f"only {left} rows left once the worker was back: the run is too short to show routing to it"
     wait_pipeline_finished(lab, 400)
-    lost = every_id_once(lab)
+
+    # the new process (another start time) answered chat requests: the router routed to it again by itself
+    after = server_metrics()
+    assert after[url]["standin_start_time_seconds"] > metrics_before[url]["standin_start_time_seconds"], (
+        metrics_before[url], after[url])
+    assert after[url]["standin_ok_total"] > 0, (after[url], attach(
+        lab, "journalctl", "-u", "sglang-datagen-router", "--no-pager", "-n", "30", "-o", "cat", check=False).stdout)
+    assert router_workers() == {w: True for w in WORKERS}
+    assert attach(lab, "test", "-s", f"{WORK}/generate.errors.jsonl", check=False).returncode != 0, attach(
+        lab, "cat", f"{WORK}/generate.errors.jsonl", check=False).stdout[-2000:]
+    lost = every_id_once(lab, token_exact=True)
     for victim in ("sglang-datagen-worker", "sglang-datagen-router"):
         figures.survived("SIGKILL mid-generation: " + victim, rows_lost=lost)
 

@@ -76,7 +76,7 @@ def suite(lab, tmp_path_factory):
     before = host_tmp_dirs(status)
     results = run_json_play(tmp, hosts, "pct_ssh_suite", [{"it_argv": ["printf", "%s\\n"] + HOSTILE_ARGV}])
     results["_masters"] = masters(tmp / "cp")
-    results["_master_logins"] = master_logins(tmp / "cp")
+    results["_master_logins"] = master_logins(tmp / "cp", status)
     stop_masters(str(tmp / "cp"))
     return results, src, tmp, before
 
@@ -93,15 +93,28 @@ def masters(cp: Path) -> dict:
     return out
 
 
-def master_logins(cp: Path) -> dict:
+def master_logins(cp: Path, status: dict) -> dict:
     """socket path -> (mode of the socket, the host user its SSH connection is logged in as, asked on the host)."""
     from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
 
     out = {"_dir_mode": oct(cp.stat().st_mode & 0o777)}
     for sock in cp.glob("*.sock"):
-        who = _pct_ssh.MasterClient(str(sock)).exec("id -un", timeout=30).stdout.decode().strip()
+        try:
+            who = _pct_ssh.MasterClient(str(sock)).exec("id -un", timeout=30).stdout.decode().strip()
+        except _pct_ssh.SessionError as e:
+            # a master that ends its connection on its own is a bug: the lab host's sshd says how the link ended
+            raise AssertionError("%s\nthe lab host's sshd log, last lines:\n%s" % (e, sshd_log_tail(status))) from None
         out[str(sock)] = (oct(sock.lstat().st_mode & 0o777), who)
     return out
+
+
+def sshd_log_tail(status: dict, lines: int = 40) -> str:
+    """The last LINES of the lab host's sshd log (tests/lab/lab keeps it beside its ssh directory)."""
+    log = Path(status["sshd"]["config"]).parent.parent / "sshd.log"
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return "(unreadable: %s)" % e
 
 
 @pytest.mark.parametrize("host", sorted(MATRIX))

@@ -28,32 +28,27 @@ import pytest
 from tests.support.datagen import (
     GATE_TASK,
     INSTALL_TASK,
+    ROUTER,
     TOKEN_EXACT_PY,
     WORK,
+    WORKERS,
     generated_rows,
-    lab_worker_args,
     play,
     play_result,
     reset_pipeline,
+    router_listed,
+    router_workers,
+    server_metrics,
     wait_pipeline_finished,
 )
-from tests.support.net import http, parse_metrics
+from tests.support.net import http
 from tests.support.playbook import changed_tasks, task_output
 from tests.support.ssh import attach as in_ct
 
-ROUTER = "http://127.0.0.1:30000"
-WORKERS = [f"http://127.0.0.1:{31000 + i}" for i in range(8)]
 START_WORKERS = "Start the workers (restart those whose unit or GPUs changed, also in a killed run)"
 START_ROUTER = "Start the router (restart it when its unit changed, also in a killed run)"
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
-
-
-def server_metrics():
-    """Every worker's /metrics as {url: {name: value}} ({} for one that does not answer 200); the lab's
-    containers share this machine's network, so CT200's loopback is this one's."""
-    replies = {url: http(url + "/metrics", timeout=10) for url in WORKERS}
-    return {url: parse_metrics(reply.text) if reply.status == 200 else {} for url, reply in replies.items()}
 
 
 def requests_since(before, after, url):
@@ -80,16 +75,6 @@ print(json.dumps(sorted(out)))
 def listeners(lab, port):
     """The local addresses (hex, as /proc/net/tcp{,6} writes them) listening on ``port`` in CT200."""
     return json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", LISTENERS_PY, str(port)).stdout)
-
-
-def router_workers():
-    """{url: healthy} from the real router's worker list (GET /workers)."""
-    return {w["url"]: w["is_healthy"] for w in router_listed()}
-
-
-def router_listed():
-    """The real router's GET /workers list (the single-node lab's router asks no API key)."""
-    return http(ROUTER + "/workers", timeout=10).expect(200).json()["workers"]
 
 
 def drop_from_router(url):
@@ -253,39 +238,3 @@ def test_role_waits_for_a_worker_held_back_then_fails_naming_it(lab):
     assert "worker@4" not in error and "worker@6" not in error, error
     assert elapsed >= 6
     assert "pipeline: started" not in done.stdout  # nothing launched against a server that is not there
-
-
-def test_router_uses_a_worker_restarted_mid_run_and_every_id_is_generated_once(lab):
-    # slow workers (10 s a request, 16 in flight: about 60 s for the 100 rows), so a restart lands mid-generation
-    reset_pipeline(lab)
-    play("-e", lab_worker_args("--latency", "10"))
-    argv = in_ct(lab, "systemctl", "show", "-p", "ExecStart", "sglang-datagen-router.service").stdout
-    assert "--cb-timeout-duration-secs 10" in argv, argv  # sglang_datagen_router_cb_timeout (upstream: 60)
-    unit, url = "sglang-datagen-worker@3.service", WORKERS[3]
-    before = server_metrics()
-    in_ct(lab, "systemctl", "restart", unit)
-    # the restart happened while generate was still running (a oneshot unit is "activating" until its stages end):
-    # rows were left for the router to send
-    state = in_ct(lab, "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip()
-    assert state == "activating", state
-    left = 100 - len(generated_rows(lab))
-    assert left >= 30, f"only {left} rows left at the restart: the run is too short to show routing after it"
-
-    wait_pipeline_finished(lab, 240)
-
-    # the new process (another start time) answered chat requests: the router routed to it again by itself
-    after = server_metrics()
-    assert after[url]["standin_start_time_seconds"] > before[url]["standin_start_time_seconds"], (before[url], after)
-    assert after[url]["standin_ok_total"] > 0, (after[url], in_ct(
-        lab, "journalctl", "-u", "sglang-datagen-router", "--no-pager", "-n", "30", "-o", "cat", check=False).stdout)
-    assert router_workers() == {w: True for w in WORKERS}
-
-    # every prepared id exactly once, in generated.jsonl and in the tokenized rows, each token-exact
-    prompts = [json.loads(line)["id"] for line in in_ct(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()]
-    ids = [r["id"] for r in generated_rows(lab)]
-    assert len(prompts) == len(set(prompts)) == 100
-    assert sorted(ids) == sorted(prompts), (len(ids), len(set(ids)), sorted(set(prompts) - set(ids))[:5])
-    assert in_ct(lab, "test", "-s", f"{WORK}/generate.errors.jsonl", check=False).returncode != 0, in_ct(
-        lab, "cat", f"{WORK}/generate.errors.jsonl", check=False).stdout[-2000:]
-    exact = json.loads(in_ct(lab, "/opt/datagen/venv/bin/python", "-c", TOKEN_EXACT_PY, WORK).stdout)
-    assert (exact["rows"], exact["distinct"], exact["exact"]) == (100, 100, 100), exact

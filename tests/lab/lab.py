@@ -675,9 +675,13 @@ def ensure_ssh_files(node: LabNode = NODES[1]) -> None:
         "AcceptEnv LANG LC_*",
         "Subsystem sftp internal-sftp",
     ])
+    # SHLVL=1: Debian's bash sources ~/.bashrc for a command sshd runs when SHLVL < 2, and this machine's
+    # root may have an interactive one (a build machine's pyenv init costs 0.33 s per command, most of a
+    # pct_ssh exec). A PVE host's root has Debian's plain .bashrc; the lab's host should not pay for ours.
+    setenv = ["SHLVL=1"]
     if LAB_DIR != DEFAULT_LAB_DIR:
-        config += "\nSetEnv GPUOPS_LAB_DIR=%s" % LAB_DIR  # tests/lab/pct finds a non-default lab dir
-    config += "\n"
+        setenv.append("GPUOPS_LAB_DIR=%s" % LAB_DIR)  # tests/lab/pct finds a non-default lab dir
+    config += "\nSetEnv %s\n" % " ".join(setenv)  # sshd takes the first SetEnv line only: one line
     write_if_changed(node.sshd_config, config)
     # sshd's privilege separation dir: Debian's init creates it at boot, a fresh
     # machine without a booted sshd has none, and `sshd -t` already needs it.
@@ -755,19 +759,27 @@ def port_open(port: int = PORT) -> bool:
         return False
 
 
+def sshd_config_digest(node: LabNode) -> str:
+    """The written sshd_config's digest (recorded: sshd reads its config once, so a changed one needs a new sshd)."""
+    with open(node.sshd_config, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
 def ensure_supervisor(node: LabNode = NODES[1]) -> dict:
     sup = load_json(node.supervisor_file)
     # The lab host's pct and nvidia-smi are this checkout's files: a lab brought up
     # from another checkout (an older clone, CI's fresh one) must not keep serving its code.
     same_checkout = (sup.get("checkout") == HERE and sup.get("wrapper_env", {}) == wrapper_env(node)
-                     and sup.get("protocol") == SUPERVISOR_PROTOCOL)
+                     and sup.get("protocol") == SUPERVISOR_PROTOCOL
+                     and sup.get("sshd_config") == sshd_config_digest(node))
     if supervisor_alive(sup) and port_open(node.port) and same_checkout:
         return sup
     if ref_alive(sup.get("supervisor")):
         if same_checkout:
             log("restarting the lab's sshd supervisor")
         else:
-            log("the lab host serves %s's tools: restarting it from %s" % (sup.get("checkout") or "another checkout", HERE))
+            log("the lab host serves %s's tools or an older sshd_config: restarting it from %s" % (
+                sup.get("checkout") or "another checkout", HERE))
         stop_supervisor(sup)
     if port_open(node.port):
         raise LabError("%s:%d is taken by a process the lab did not start; free it or set %s" % (
@@ -935,7 +947,8 @@ def supervise(node: LabNode = NODES[1]) -> int:
         return proc
 
     info: dict = {"supervisor": proc_ref(os.getpid()), "mntns": my_ns, "checkout": HERE,
-                  "wrapper_env": wrapper_env(node), "protocol": SUPERVISOR_PROTOCOL, "sshd_restarts": 0}
+                  "wrapper_env": wrapper_env(node), "protocol": SUPERVISOR_PROTOCOL, "sshd_restarts": 0,
+                  "sshd_config": sshd_config_digest(node)}
     sshd = driver = None
     restarts: list[float] = []
     restart_at = 0.0  # while sshd is None: when the deliberate restart's gap ends (monotonic)

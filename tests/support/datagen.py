@@ -9,6 +9,7 @@ from typing import List, Tuple
 
 import yaml
 
+from tests.support.net import http, parse_metrics
 from tests.support.paths import LAB_INVENTORY, TESTS
 from tests.support.playbook import PlaybookRun, run_playbook
 from tests.support.ssh import attach
@@ -20,6 +21,9 @@ CONVERGE = TESTS / "integration" / "sglang_datagen" / "converge.yml"
 INSTALL_TASK = "Install SGLang, sglang-router and the pipeline's requirements in one resolution"
 GATE_TASK = "Wait until every worker is ready and the router routes to all of them"
 LAB_VARS_FILE = LAB_INVENTORY / "group_vars" / "training_containers.yml"
+# the single-node lab's router and its eight stand-in workers (CT200 shares this machine's loopback)
+ROUTER = "http://127.0.0.1:30000"
+WORKERS = [f"http://127.0.0.1:{31000 + i}" for i in range(8)]
 
 # inside CT200: the tokenized rows against the server's ids in generated.jsonl (token-exact rows)
 TOKEN_EXACT_PY = r"""
@@ -90,3 +94,20 @@ def play(*extra: str) -> Tuple[str, int]:
              or "UNREACHABLE!" in line][:5]
     assert done.rc == 0 and recap, "\n".join(fatal) + "\n" + done.stdout[-4000:] + done.stderr[-2000:]
     return done.stdout, int(recap.group(2))
+
+
+def server_metrics() -> dict:
+    """Every worker's /metrics as {url: {name: value}} ({} for one that does not answer 200); the lab's
+    containers share this machine's network, so CT200's loopback is this one's."""
+    replies = {url: http(url + "/metrics", timeout=10) for url in WORKERS}
+    return {url: parse_metrics(reply.text) if reply.status == 200 else {} for url, reply in replies.items()}
+
+
+def router_listed() -> list:
+    """The real router's GET /workers list (the single-node lab's router asks no API key)."""
+    return http(ROUTER + "/workers", timeout=10).expect(200).json()["workers"]
+
+
+def router_workers() -> dict:
+    """{url: healthy} from the real router's worker list (GET /workers)."""
+    return {w["url"]: w["is_healthy"] for w in router_listed()}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 import typing as t
@@ -198,3 +199,32 @@ def test_worker_fails_at_once_when_its_master_is_killed(sshd, tmp_path):
     fresh = _pct_ssh.open_master(st, cp, persist=5, start_timeout=30)
     assert fresh.exec("echo again").stdout == b"again\n"
     fresh.stop()
+
+
+def test_a_leaving_master_answers_a_worker_that_connected_before_it_left(sshd, tmp_path):
+    """A worker already connected when the master leaves (its connection dead) gets the error reply, never a
+    reset: the master counts the connection before the thread that serves it runs. The worker here sends its
+    request only after the master began to leave."""
+    session = _pct_ssh.DirectSession(settings(sshd, **FAST)).connect()
+    session.close()  # the master's connection is dead: it is leaving
+    path = str(tmp_path / "m.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(4)
+    master = _pct_ssh._Master(session, path, persist=60)
+    master.ino = os.stat(path).st_ino
+    worker = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    worker.connect(path)  # in the listen queue, not yet accepted
+    leaving = threading.Thread(target=master.shutdown, args=(srv,), daemon=True)
+    leaving.start()
+    time.sleep(0.5)  # the master has accepted the worker and waits for it
+    assert leaving.is_alive(), "the master left while a connected worker had no reply"
+    _pct_ssh._send(worker, {"op": "exec", "command": "true", "has_stdin": False, "timeout": 5, "pty": False})
+    worker.settimeout(10)
+    reply, dummy_data = _pct_ssh._recv(worker)
+    assert reply["error"]["kind"] == "gone", reply  # nothing ran: safe for the worker to retry
+    leaving.join(_pct_ssh.DEAD_DRAIN_S + SLACK_S)
+    assert not leaving.is_alive()
+    assert not os.path.exists(path)  # unlinked first: new workers start a fresh master
+    srv.close()
+    worker.close()
