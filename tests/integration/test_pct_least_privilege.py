@@ -15,8 +15,12 @@ pct on the host went through ``sudo -n /usr/sbin/pct`` under that one rule.
    settings) serves, gates and launches the pipeline, which writes a generated row
    for every prepared prompt; a second run changes nothing;
 2. the last rung: GPU memory held by a stray process and ``pct reboot`` hanging
-   (the lab's reboot-hang fault): the reboot fails, ``pct stop`` + ``pct start``
-   bring CT200 back, its status is polled, all as pveops.
+   (the lab's reboot-hang fault): the reboot fails on pct's own timeout, the role
+   says it falls back, ``pct stop`` + ``pct start`` bring CT200 back, its status is
+   polled, all as pveops, and the summary and the recap (one rescue, no failure)
+   say so. This is the lab's one run of the fallback (as root the pct commands are
+   the same but for ``sudo -n``; the restart rung as root runs in
+   ``test_role_stop_training.py``).
 
 Results come from the JSON callback: every step delegated to the PVE host is a pct
 step whose ``cmd`` starts with ``sudo -n /usr/sbin/pct``.
@@ -54,8 +58,8 @@ SUDO_PCT = ["sudo", "-n", "/usr/sbin/pct"]
 WHOLE = dict(STUBBORN, repurpose_datagen=True)
 
 
-def play_json(extra: dict) -> tuple[int, dict, str]:
-    """The playbook as pveops; returns (rc, {task name: [results for ct200]}, stderr).
+def play_json(extra: dict) -> tuple[int, dict, str, dict]:
+    """The playbook as pveops; returns (rc, {task name: [results for ct200]}, stderr, ct200's recap counts).
 
     A result of a step delegated to another host is filed under ct200 too (its
     ``_ansible_delegated_vars`` say where it ran).
@@ -67,7 +71,7 @@ def play_json(extra: dict) -> tuple[int, dict, str]:
         for task in play["tasks"]:
             if "ct200" in task["hosts"]:
                 tasks.setdefault(task["task"]["name"], []).append(task["hosts"]["ct200"])
-    return done.rc, tasks, done.stderr
+    return done.rc, tasks, done.stderr, done.json["stats"].get("ct200", {})
 
 
 def task(tasks: dict, prefix: str) -> dict:
@@ -140,7 +144,7 @@ def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     assert trainer_pids(lab)
     decoys = decoy_pids(lab)
     reset_pipeline(lab)
-    rc, tasks, err = play_json(WHOLE)
+    rc, tasks, err, dummy_stats = play_json(WHOLE)
     assert rc == 0, err[-3000:]
     pre = task(tasks, "Pre-flight | Is the container running (asked on its PVE host)")
     assert pre["cmd"][:3] == SUDO_PCT and pre["ct_status"] == "running", pre
@@ -162,7 +166,7 @@ def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     assert tokenized["rows_out"] == len(prepared), tokenized
 
     # again as pveops: nothing left to do in either half
-    rc, tasks, err = play_json(WHOLE)
+    rc, tasks, err, dummy_stats = play_json(WHOLE)
     assert rc == 0, err[-3000:]
     assert changed_steps(tasks) == [], changed_steps(tasks)
     assert "Stopped: nothing, no process was selected" in summary(tasks), summary(tasks)
@@ -178,13 +182,18 @@ def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
     stray = wait_for(lambda: {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a}, 30, "the stray holder")
     init_before = ct_init_pid(lab)
     try:
-        rc, tasks, err = play_json({"stop_training_gpu_timeout": 10, "stop_training_restart_container": True,
+        rc, tasks, err, stats = play_json({"stop_training_gpu_timeout": 10, "stop_training_restart_container": True,
                                     "stop_training_restart_timeout": 8})
         assert rc == 0, err[-3000:]
         only_pct_through_sudo_as_pveops(tasks, lab)
         reboot = task(tasks, "Restart | pct reboot (bounded by stop_training_restart_timeout)")
         assert reboot["failed"] and reboot["cmd"] == SUDO_PCT + ["reboot", "200", "--timeout", "8"], reboot
         assert "container did not stop" in reboot["stderr_lines"], reboot
+        # the reboot really ran into the fault: pct's own timeout messages, then the role says it falls back
+        assert "lxc-stop -n 200 --timeout 8" in reboot["stderr"] and "failed: got timeout" in reboot["stderr"], reboot
+        said = task(tasks, "Restart | Say that pct reboot did not complete")["msg"]
+        assert said == ("pct reboot 200 did not complete (container did not stop): falling back to pct stop + "
+                        "pct start"), said
         stop = task(tasks, "Restart | pct stop after the failed reboot")
         start = task(tasks, "Restart | pct start")
         assert stop["changed"] and stop["cmd"] == SUDO_PCT + ["stop", "200"] and stop["ct_status"] == "stopped", stop
@@ -192,11 +201,16 @@ def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
         polled = task(tasks, "Restart | Wait until the container is running again")
         assert polled["cmd"] == SUDO_PCT + ["status", "200"] and polled["ct_status"] == "running"
         text = summary(tasks)
-        assert "LAST RUNG WAS NEEDED: CT 200 was restarted from lab-pve (pct stop + pct start" in text, text
+        assert ("LAST RUNG WAS NEEDED: CT 200 was restarted from lab-pve (pct stop + pct start"
+                " (pct reboot failed or timed out: container did not stop)) because GPU memory stayed held") in text, text
+        assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free (after a container restart)" in text, text
+        assert (stats.get("failures", 0), stats.get("rescued", 0)) == (0, 1), stats
+        # CT200 is back: running, a new init, the holder gone, the GPUs free, no trainer, the lock free
         assert lab_status()["containers"]["200"] == "running"
         assert ct_init_pid(lab) not in (None, init_before)
         assert not {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a}
         assert max(gpu_used(lab).values()) <= 512
+        assert not trainer_pids(lab)
         assert lock_holder(lab) is None
     finally:
         if (lab_status() or {}).get("containers", {}).get("200") == "running":
