@@ -183,7 +183,7 @@ def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
     init_before = ct_init_pid(lab)
     try:
         rc, tasks, err, stats = play_json({"stop_training_gpu_timeout": 10, "stop_training_restart_container": True,
-                                    "stop_training_restart_timeout": 8})
+                                           "stop_training_restart_timeout": 8})
         assert rc == 0, err[-3000:]
         only_pct_through_sudo_as_pveops(tasks, lab)
         reboot = task(tasks, "Restart | pct reboot (bounded by stop_training_restart_timeout)")
