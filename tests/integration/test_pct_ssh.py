@@ -109,8 +109,8 @@ def master_logins(cp: Path, status: dict) -> dict:
 
 
 def sshd_log_tail(status: dict, lines: int = 40) -> str:
-    """The last LINES of the lab host's sshd log (tests/lab/lab keeps it beside its ssh directory)."""
-    log = Path(status["sshd"]["config"]).parent.parent / "sshd.log"
+    """The last LINES of the lab host's sshd log (``lab status`` names it)."""
+    log = Path(status["sshd"]["log"])
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
     except OSError as e:

@@ -124,6 +124,11 @@ class LabNode:
     hostkey: str
 
     @property
+    def sshd_log(self) -> str:
+        """The host sshd's log (its stderr, -e): how each connection ended."""
+        return os.path.join(self.base, "sshd.log")
+
+    @property
     def pct_env(self) -> dict[str, str]:
         """What this host's pct wrapper sets (pct.py drops it before entering a container): node 1, the defaults."""
         if self.index == 1:
@@ -930,7 +935,7 @@ def supervise(node: LabNode = NODES[1]) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def start_sshd() -> subprocess.Popen:
-        logf = open(os.path.join(node.base, "sshd.log"), "ab")
+        logf = open(node.sshd_log, "ab")
         proc = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", node.sshd_config], stdin=subprocess.DEVNULL,
                                 stdout=logf, stderr=logf, close_fds=True)
         logf.close()
@@ -1567,6 +1572,7 @@ def status_dict() -> dict:
             "restarts": sup.get("sshd_restarts", 0),  # by `lab sshd-restart`
             "mount_ns": sup.get("mntns"),
             "config": SSHD_CONFIG,
+            "log": NODES[1].sshd_log,
         },
         "trainer": trainer_status(trainer, rec, running),
         "decoys": {
@@ -1623,6 +1629,7 @@ def second_node_status(state: dict) -> dict | None:
             "restarts": sup.get("sshd_restarts", 0),
             "mount_ns": sup.get("mntns"),
             "config": node.sshd_config,
+            "log": node.sshd_log,
         },
         "trainer": trainer_status(trainer, trainer.get("pids") or {}, trainer_running(state, node.main_ct),
                                   node.main_ct),
