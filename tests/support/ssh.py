@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from typing import List, Optional, Union
+from typing import Callable, List, Optional, Union
 
 SSH_OPTIONS = ("-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                "-o", "ConnectTimeout=10")
@@ -45,10 +45,28 @@ def pct_argv(vmid: Union[int, str], argv: List[str]) -> List[str]:
     return ["pct", "exec", str(vmid), "--", *argv]
 
 
+# lxc-attach first copies itself into a sealed memfd and re-executes from it (liblxc src/lxc/rexec.c, against
+# CVE-2019-5736). Sealing fails with EBUSY while the kernel still counts the copied pages as pinned
+# (mm/memfd.c memfd_wait_for_pins), which a loaded machine shows now and then; lxc-attach then exits before it
+# touched the container, so the command never ran and running it again is safe.
+LXC_REXEC_FAILED = "Failed to rexec as memfd"
+LXC_REXEC_TRIES = 3
+
+
+def without_lxc_rexec_failures(attempt: Callable[[], subprocess.CompletedProcess]) -> subprocess.CompletedProcess:
+    """ATTEMPT again (at most LXC_REXEC_TRIES runs) while lxc-attach failed before it started the command."""
+    for _run in range(LXC_REXEC_TRIES - 1):
+        done = attempt()
+        if done.returncode == 0 or LXC_REXEC_FAILED not in done.stderr:
+            return done
+    return attempt()
+
+
 def in_ct(status: dict, *argv: str, vmid: Union[int, str] = 200, timeout: float = 60,
           check: bool = True) -> subprocess.CompletedProcess:
     """ARGV inside container VMID through the PVE host (ssh + ``pct exec``); with CHECK, rc 0 is asserted."""
-    done = on_host(status, *pct_argv(vmid, list(argv)), timeout=timeout, check=False)
+    done = without_lxc_rexec_failures(
+        lambda: on_host(status, *pct_argv(vmid, list(argv)), timeout=timeout, check=False))
     if check:
         assert done.returncode == 0, "pct exec %s %s: %s%s" % (vmid, argv, done.stdout, done.stderr)
     return done
@@ -57,8 +75,9 @@ def in_ct(status: dict, *argv: str, vmid: Union[int, str] = 200, timeout: float 
 def attach(status: dict, *argv: str, vmid: Union[int, str] = 200, timeout: float = 60,
            check: bool = True) -> subprocess.CompletedProcess:
     """ARGV inside container VMID straight through ``lxc-attach`` on this machine (neither ssh nor pct)."""
-    done = subprocess.run(["lxc-attach", "-P", status["lxcpath"], "-n", str(vmid), "--", *argv],
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    done = without_lxc_rexec_failures(lambda: subprocess.run(
+        ["lxc-attach", "-P", status["lxcpath"], "-n", str(vmid), "--", *argv],
+        capture_output=True, text=True, timeout=timeout, check=False))
     if check and done.returncode != 0:
         raise AssertionError("%s: rc=%s %s" % (argv, done.returncode, done.stderr))
     return done

@@ -255,6 +255,15 @@ class RouterProcess:
         with open(self.log_path, encoding="utf-8", errors="replace") as fh:
             return fh.read()
 
+    def wait_log(self, text: str, timeout: float = 30.0) -> None:
+        """Wait (bounded) until the router's log has TEXT: how a test knows the router did something it never
+        reports over HTTP, such as giving up on a worker (``Failed job: type=AddWorker, worker=URL``)."""
+        deadline = time.monotonic() + timeout
+        while text not in self._read_log():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sglang-router did not log {text!r} in {timeout}s: {self._read_log()[-3000:]}")
+            time.sleep(0.1)
+
     def stop(self) -> None:
         stop_process(self.proc, getattr(self, "_log", None), grace=15.0)
 

@@ -27,7 +27,10 @@ def test_gate_registers_a_worker_the_router_dropped_and_waits_for_it(tmp_path):
     hold.write_text("")
     with StandinProcess([], model="m") as ready, StandinProcess(["--not-ready-while", str(hold)], model="m") as late:
         with RouterProcess([ready.url, late.url], expect=1, args=["--worker-startup-timeout-secs", "1"]) as r:
-            time.sleep(2.5)  # the router gave up on the late worker
+            # the router gave up on the late worker: its AddWorker job failed (smg src/core/job_queue.rs logs it),
+            # which takes its startup timeout plus retries, longer on a loaded machine; a fixed sleep raced it
+            r.wait_log(f"Failed job: type=AddWorker, worker={late.url},")
+            assert late.url not in r.workers()
             hold.unlink()
             rc, out = run_gate("--router", r.url, "--worker", ready.url, "--worker", late.url,
                                "--timeout", "30", "--delay", "0.5")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_in
 from tests.support.lab import fleet_skip_reason, skip_reason
 from tests.support.playbook import changed_tasks, playbook_argv, playbook_path, recap, task_output, task_results
 from tests.support.procfs import listening
+from tests.support.ssh import LXC_REXEC_FAILED, LXC_REXEC_TRIES, without_lxc_rexec_failures
 
 UP = {"up": True, "containers": {"200": "running", "201": "stopped"}}
 STATUS = {"host": "127.0.0.1", "port": 2222, "key": "/lab/id", "known_hosts": "/lab/known_hosts"}
@@ -157,3 +159,29 @@ def test_listening_sees_a_listener_and_not_a_connected_or_closed_socket():
     assert not listening(port)  # the established pair is still there, the listener is not
     client.close()
     accepted.close()
+
+
+def _attempts(*results):
+    """An attempt function handing out RESULTS (rc, stderr) in order, and the list of calls made."""
+    calls = []
+
+    def attempt():
+        rc, err = results[len(calls)]
+        calls.append(rc)
+        return subprocess.CompletedProcess(["pct"], rc, "", err)
+    return attempt, calls
+
+
+REXEC = "Device or resource busy - %s\nmunmap_chunk(): invalid pointer\n" % LXC_REXEC_FAILED
+
+
+@pytest.mark.parametrize(("results", "runs", "rc"), [
+    ([(1, REXEC), (0, "")], 2, 0),  # lxc-attach never started the command: once more
+    ([(1, REXEC)] * LXC_REXEC_TRIES, LXC_REXEC_TRIES, 1),  # bounded, and the last failure is what is returned
+    ([(1, "Container 200 not running\n")], 1, 1),  # any other failure may have run the command: never again
+    ([(0, "")], 1, 0),
+])
+def test_a_command_lxc_attach_never_started_runs_again_a_bounded_number_of_times(results, runs, rc):
+    attempt, calls = _attempts(*results)
+    assert without_lxc_rexec_failures(attempt).returncode == rc
+    assert len(calls) == runs
