@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from tests.support import paths
+from tests.support.faults import Figures
 from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
 from tests.support.lab import fleet_skip_reason, skip_reason
 from tests.support.playbook import changed_tasks, playbook_argv, playbook_path, recap, task_output, task_results
@@ -185,3 +186,15 @@ def test_a_command_lxc_attach_never_started_runs_again_a_bounded_number_of_times
     attempt, calls = _attempts(*results)
     assert without_lxc_rexec_failures(attempt).returncode == rc
     assert len(calls) == runs
+
+
+def test_a_wait_past_its_bound_fails_and_its_figure_is_kept(tmp_path):
+    path = str(tmp_path / "figures.json")
+    figures = Figures(path)
+    figures.wait("inside", 8.9, 9)
+    with pytest.raises(AssertionError, match="past its bound of 9.00 s"):
+        figures.wait("past", 9.2, 9)
+    with open(path, encoding="utf-8") as fh:
+        saved = json.load(fh)
+    assert [w["wait"] for w in saved["waits"]] == ["inside", "past"]
+    assert figures.totals()["longest_wait_vs_bound"]["wait"] == "past"
