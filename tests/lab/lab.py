@@ -58,6 +58,8 @@ def _load_module_util(name: str):
 
 
 _proc = _load_module_util("_proc")
+# who listens, read from /proc/net/tcp (a probe connection would reach sshd's log): the tests' own reader
+_procfs = _load_file(os.path.join(REPO, "tests", "support", "procfs.py"), "gpuops_lab_procfs")
 Deadline = _load_module_util("_wait").Deadline
 
 # ---------------------------------------------------------------- the lab's facts
@@ -1665,14 +1667,6 @@ def cmd_trainer(args: argparse.Namespace) -> int:
     return 0
 
 
-def listening(port: int) -> bool:
-    """Something listens on HOST:PORT (read from /proc/net/tcp: a probe connection would reach sshd's log)."""
-    want = "%s:%04X" % ("".join("%02X" % int(b) for b in reversed(HOST.split("."))), port)
-    with open("/proc/net/tcp", encoding="ascii") as handle:
-        next(handle)
-        return any(f[1] == want and f[3] == "0A" for f in (line.split() for line in handle))
-
-
 def lab_sshd(node: LabNode, sup: dict) -> dict:
     """The lab host's listening sshd, as its supervisor recorded it, cross-checked with sshd's own pid file and
     command line: the only process `sshd-restart` signals."""
@@ -1721,7 +1715,7 @@ def sshd_restart(node: LabNode, down_for: float, stop_timeout: float = 10.0, sta
         while True:
             sup = load_json(node.supervisor_file)
             new = sup.get("sshd")
-            if new and new != old and ref_alive(new) and listening(node.port):
+            if new and new != old and ref_alive(new) and _procfs.listening(node.port, HOST):
                 break
             if start.expired():
                 raise LabError("no new sshd listened on %s:%d within %ss of the old one's exit; see %s" % (

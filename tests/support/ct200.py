@@ -21,15 +21,24 @@ LOCK = "/run/gpuops-repurpose/stop_training.lock"
 TRAINER_RE = re.compile(r"^\S*python[0-9.]*\s+(-\S+\s+)*\S*fake_trainer\.py(\s|$)")
 
 
-def ct_process_table(status: dict) -> Dict[int, Tuple[int, str]]:
-    """Container PID -> (parent PID, command line) of every process in CT200 (the one ``ps`` reader)."""
-    out = in_ct(status, "ps", "-eo", "pid=,ppid=,args=").stdout
-    procs = {}
-    for line in out.splitlines():
+def ps_table(ps_output: str) -> Dict[int, Tuple[str, str]]:
+    """PID -> (second column, command line) from ``ps -eo pid=,COLUMN=,args=`` output (the one ``ps`` parser)."""
+    rows = {}
+    for line in ps_output.splitlines():
         fields = line.split(None, 2)
-        if len(fields) == 3 and fields[0].isdigit() and fields[1].isdigit():
-            procs[int(fields[0])] = (int(fields[1]), fields[2].strip())
-    return procs
+        if len(fields) >= 2 and fields[0].isdigit():
+            rows[int(fields[0])] = (fields[1], fields[2].strip() if len(fields) > 2 else "")
+    return rows
+
+
+def ct_ps(status: dict, column: str) -> Dict[int, Tuple[str, str]]:
+    """Container PID -> (ps's COLUMN, as ``ppid`` or ``stat``, command line) of every process in CT200."""
+    return ps_table(in_ct(status, "ps", "-eo", "pid=,%s=,args=" % column).stdout)
+
+
+def ct_process_table(status: dict) -> Dict[int, Tuple[int, str]]:
+    """Container PID -> (parent PID, command line) of every process in CT200."""
+    return {pid: (int(ppid), args) for pid, (ppid, args) in ct_ps(status, "ppid").items()}
 
 
 def ct_processes(status: dict) -> Dict[int, str]:

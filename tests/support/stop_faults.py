@@ -43,11 +43,10 @@ def audit_boot(lab: dict) -> str:
 
 def stopped_states(lab: dict, pids: Iterable[int]) -> List[int]:
     """Those of PIDS in CT200 that are stopped (state T)."""
-    pids = list(pids)
+    pids = set(pids)
     if not pids:
         return []
-    out = ssh.in_ct(lab, "ps", "-o", "pid=,stat=", "-p", ",".join(map(str, pids)), check=False).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if line.split()[1].startswith("T")]
+    return sorted(pid for pid, (stat, _args) in ct200.ct_ps(lab, "stat").items() if pid in pids and stat.startswith("T"))
 
 
 def checkpoint_ok(lab: dict) -> bool:
@@ -243,20 +242,10 @@ class LeftBehind:
                                                        ",".join(self.gpus_held) or "none"))
 
 
-def ps_states(ps_output: str) -> Dict[int, Tuple[str, str]]:
-    """PID -> (state, command line) from ``ps -eo pid=,stat=,args=`` output."""
-    states = {}
-    for line in ps_output.splitlines():
-        fields = line.split(None, 2)
-        if len(fields) >= 2 and fields[0].isdigit():
-            states[int(fields[0])] = (fields[1], fields[2] if len(fields) > 2 else "")
-    return states
-
-
 def left_behind(states: Mapping[int, Tuple[str, str]], job: Set[int], holder: Optional[Mapping],
                 holder_alive: bool, records: Sequence[Mapping], since: float,
                 gpu_used: Mapping[str, int]) -> LeftBehind:
-    """The fingerprint (:class:`LeftBehind`) of CT200's STATES (:func:`ps_states`) for the job's processes JOB,
+    """The fingerprint (:class:`LeftBehind`) of CT200's STATES (``ct200.ct_ps(lab, "stat")``) for the job's processes JOB,
     the run lock's HOLDER record (None: free) and whether its controller runs (HOLDER_ALIVE), the ladder
     RECORDS, the run killed having started at SINCE (wall clock), and GPU_USED (MiB per GPU)."""
     running = {pid: st for pid, (st, _args) in states.items() if pid in job and not st.startswith("Z")}
@@ -309,7 +298,7 @@ def controller_running(holder: Mapping) -> bool:
 def read_left_behind(lab: dict, job: Set[int], since: float) -> Tuple[LeftBehind, Dict[int, Tuple[str, str]]]:
     """What the run killed after starting at SINCE left in CT200 (:func:`left_behind`), and the processes seen
     (one ``ps`` in CT200; the lock, records and GPUs are read on this machine)."""
-    states = ps_states(ssh.in_ct(lab, "ps", "-eo", "pid=,stat=,args=").stdout)
+    states = ct200.ct_ps(lab, "stat")
     holder = read_lock(lab)
     return left_behind(states, job, holder, bool(holder) and controller_running(holder), ladder_records(lab), since,
                        ct200.gpu_used(lab)), states

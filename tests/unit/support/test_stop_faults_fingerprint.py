@@ -7,13 +7,13 @@ import subprocess
 import time
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_stat
+from tests.support.ct200 import ps_table
 from tests.support.stop_faults import (
     LOCK_DEAD_HOLDER,
     LOCK_FREE,
     LOCK_LIVE_HOLDER,
     controller_running,
     left_behind,
-    ps_states,
 )
 
 JOB = {100, 101, 102}
@@ -32,14 +32,14 @@ def record(state, started, pid=300, stopped_by=None, rungs=()):
             "stopped_by": stopped_by, "rungs": [{"signal": s, "sent_at": 1.0 + n} for n, s in enumerate(rungs)]}
 
 
-def test_ps_states_reads_pid_state_and_command_line():
-    states = ps_states(PS)
+def test_ps_table_reads_pid_state_and_command_line():
+    states = ps_table(PS)
     assert states[102] == ("Tl", "/usr/bin/python3 /opt/lab/trainer/fake_trainer.py --worker --rank 1")
     assert states[1][0] == "Ss" and len(states) == 5
 
 
 def test_the_job_running_and_stopped_the_lock_and_a_running_ladder():
-    left = left_behind(ps_states(PS), JOB, {"run_id": "r"}, False, [record("running", 50.0)], since=40.0,
+    left = left_behind(ps_table(PS), JOB, {"run_id": "r"}, False, [record("running", 50.0)], since=40.0,
                        gpu_used=GPUS)
     assert (left.job_running, left.job_stopped) == (3, 1)
     assert left.lock == LOCK_DEAD_HOLDER and left.ladder_running
