@@ -12,6 +12,8 @@ import hashlib
 import os
 import socket
 import stat
+import time
+import tracemalloc
 
 import pytest
 
@@ -112,6 +114,66 @@ def test_sftp_roundtrip_in_private_tmpdir(session, tmp_path):
     finally:
         session.rmtree(d)
     assert not os.path.exists(d)
+
+
+@pytest.mark.parametrize(("size", "reads"), [
+    (0, []),
+    (1, [(0, 1)]),
+    (16, [(0, 8), (8, 8)]),
+    (17, [(0, 8), (8, 8), (16, 1)]),
+])
+def test_read_requests_cover_the_file_in_order(size, reads):
+    assert list(_pct_ssh.read_requests(size, 8)) == reads
+
+
+def _starved_prefetch(monkeypatch):
+    """paramiko's prefetch thread sends 4 read requests, then loses the CPU for 0.3 s (a loaded machine),
+    then sends the rest: the reader answers those 4 meanwhile, and paramiko calls the prefetch done."""
+    import paramiko.sftp_file
+
+    original = paramiko.sftp_file.SFTPFile._prefetch_thread
+
+    def starved(self, chunks, max_concurrent_requests):
+        def paced():
+            for n, chunk in enumerate(chunks):
+                if n == 4:
+                    time.sleep(0.3)
+                yield chunk
+        return original(self, paced(), max_concurrent_requests)
+    monkeypatch.setattr(paramiko.sftp_file.SFTPFile, "_prefetch_thread", starved)
+
+
+def _peak_mib(transfer) -> float:
+    """The peak of Python's allocations (every thread's) while TRANSFER runs, in MiB."""
+    tracemalloc.start()
+    try:
+        transfer()
+        return tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def test_download_holds_its_requests_in_flight_when_paramiko_would_end_its_prefetch_early(session, tmp_path, monkeypatch):
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(48 * 2**20 + 5))
+    _starved_prefetch(monkeypatch)
+    d = session.mkdtemp()
+    try:
+        session.put(str(src), d + "/file")
+
+        def whole_file_prefetch():  # what get did before: one prefetch of the whole file
+            with session._sftp_client() as sftp, sftp.open(d + "/file", "rb") as fh:
+                fh.prefetch(fh.stat().st_size)
+                while fh.read(_pct_ssh.CHUNK):
+                    pass
+        # the injected race is real: a whole-file prefetch ends up holding most of the file
+        assert _peak_mib(whole_file_prefetch) > 32
+        out = tmp_path / "out.bin"
+        peak = _peak_mib(lambda: session.get(d + "/file", str(out)))
+        assert peak < 8, "get held %.1f MiB" % peak  # 2 MiB in flight, 1 MiB blocks
+        assert out.read_bytes() == src.read_bytes()
+    finally:
+        session.rmtree(d)
 
 
 def test_rmtree_refuses_foreign_paths(session):
@@ -307,3 +369,49 @@ def test_control_socket_and_directory_are_private(sshd, tmp_path):
     with pytest.raises(_pct_ssh.SessionError) as exc:
         _pct_ssh.open_master(settings(sshd), str(link), persist=5, start_timeout=30)
     assert "not a directory" in exc.value.msg
+
+
+class _ShortAnswers:
+    """An SFTP client's request/answer calls over a bytes CONTENT, answering every read with at most MOST
+    bytes, in order, and EOF past the end: a server that answers short, which OpenSSH's sftp-server never does."""
+
+    def __init__(self, content: bytes, most: int) -> None:
+        self.content, self.most = content, most
+        self.queue: list = []
+        self.number = 0
+
+    def _async_request(self, fileobj, kind, handle, offset, length):
+        import paramiko
+        from paramiko.sftp import CMD_DATA, CMD_READ, CMD_STATUS, SFTP_EOF
+
+        assert kind == CMD_READ and handle == b"h"
+        msg = paramiko.Message()
+        data = self.content[int(offset):int(offset) + min(length, self.most)]
+        if data:
+            msg.add_string(data)
+        else:
+            msg.add_int(SFTP_EOF)
+            msg.add_string("End of file")
+        msg.rewind()
+        self.number += 1
+        self.queue.append((fileobj, CMD_DATA if data else CMD_STATUS, msg, self.number))
+        return self.number
+
+    def _read_response(self):
+        fileobj, kind, msg, num = self.queue.pop(0)
+        fileobj._async_response(kind, msg, num)
+
+    def _convert_status(self, msg):
+        import paramiko
+
+        paramiko.SFTPClient._convert_status(self, msg)
+
+
+def test_a_short_answer_is_asked_again_for_the_rest_and_eof_early_is_an_error(tmp_path):
+    content = os.urandom(200_000)
+    out = tmp_path / "out.bin"
+    with open(out, "wb") as dst:
+        assert _pct_ssh._pipelined_read(_ShortAnswers(content, 10_000), b"h", len(content), dst, depth=4) == len(content)
+    assert out.read_bytes() == content
+    with open(out, "wb") as dst, pytest.raises(EOFError):  # the file is shorter than the size it was read for
+        _pct_ssh._pipelined_read(_ShortAnswers(content, 40_000), b"h", len(content) + 5, dst)
