@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from datagen import __version__, paths, space, unapplied, units
 from datagen.config import ConfigError, declared_inputs, load_config, load_raw
-from datagen.util import DatagenError
+from datagen.util import DatagenError, write_json
 
 STAGES = ("prepare", "generate", "tokenize", "merge", "report", "status")
 PIPELINE = ("prepare", "generate", "tokenize", "merge", "report")
@@ -119,13 +119,7 @@ def check_config(config_path: str, check_inputs: bool = True, base_dir: Optional
 
 def mark_ready(work_dir: str, stage: str, why: str) -> None:
     """Say the pipeline got past its start-up up to ``stage`` (atomic: a reader never sees half a file)."""
-    os.makedirs(work_dir, exist_ok=True)
-    path = paths.in_work(work_dir, READY)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"stage": stage, "why": why, "pid": os.getpid(), "time": time.time()}, fh)
-        fh.write("\n")
-    os.replace(tmp, path)
+    write_json(paths.in_work(work_dir, READY), {"stage": stage, "why": why, "pid": os.getpid(), "time": time.time()})
 
 
 def _watch_first_answers(progress_path: str, on_ready: Callable[[], None], stop: threading.Event) -> None:

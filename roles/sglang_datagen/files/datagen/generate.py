@@ -33,8 +33,9 @@ from typing import Any, Dict, Iterator, Optional
 
 from .gen.client import Engine, GenerateError
 from .gen.journal import AppendLog, DoneIndex, count_lines, iter_lines, parse_id, quarantine, repair_tail, scan_output
-from .gen.progress import Progress, RunLock, lock_held, read_json, summary_line, write_atomic
+from .gen.progress import Progress, RunLock, lock_held, read_json, summary_line
 from .gen.settings import ConfigError, GenerateSettings, settings_from_config
+from .util import write_json
 
 try:
     from .paths import GENERATE_ERRORS, GENERATED, PROMPTS
@@ -188,7 +189,7 @@ def _run_locked(settings: GenerateSettings, prompts_path: str, work_dir: str) ->
 
 def _write_progress_quietly(path: str, progress: Progress) -> None:
     try:
-        write_atomic(path, progress.snapshot())
+        write_json(path, progress.snapshot(), durable=False)
     except OSError as exc:  # advisory; the run's own error (if any) is the one that matters
         log.warning("generate: cannot write %s: %s", path, exc)
 

@@ -11,9 +11,7 @@ Streams in two passes; memory holds one 8-byte rank per existing row of a catego
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 import time
 from array import array
 from typing import Any, Dict, List, Optional
@@ -171,8 +169,6 @@ def run_merge(cfg: Any, force: bool = False) -> Dict[str, Any]:
         "shards": build.shards, "seconds": round(time.monotonic() - t0, 3), "peak_rss_mib": round(peak_rss_mib(), 1),
     }
     build.publish(manifest)
-    for stale in glob.glob(out_dir + ".tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
     return {"stage": "merge", "skipped": False, "rows": manifest["rows"], "mix_before": manifest["mix_before"],
             "mix_after": manifest["mix_after"], "dir": out_dir}
 

@@ -106,13 +106,21 @@ def _umask() -> int:
 
 
 class AtomicWriter:
-    """Write to a temp file in the target's directory, fsync, rename over the target on success."""
+    """Write to ``PATH.tmp-PID-XXXXXX`` beside the target; rename it over the target on success.
 
-    def __init__(self, path: str, mode: str = "w") -> None:
+    A reader never sees half a file. The writer's PID in the temp name lets the next writer
+    of the same path remove what a killed one (SIGKILL, a reboot) left between write and
+    rename. ``durable`` fsyncs the file and its directory, so the rename survives a crash;
+    a file rewritten every second that only reports (progress) can do without.
+    """
+
+    def __init__(self, path: str, mode: str = "w", durable: bool = True) -> None:
         self.path = path
+        self.durable = durable
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=directory)
+        remove_dead_leftovers(path)
+        fd, self.tmp = tempfile.mkstemp(prefix=f"{os.path.basename(path)}.tmp-{os.getpid()}-", dir=directory)
         os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual mode
         self.fh = os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
 
@@ -120,18 +128,47 @@ class AtomicWriter:
         return self.fh
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
+        if exc_type is not None:
+            self._discard()
+            return
+        try:
             self.fh.flush()
-            os.fsync(self.fh.fileno())
+            if self.durable:
+                os.fsync(self.fh.fileno())
             self.fh.close()
             os.replace(self.tmp, self.path)
-        else:
-            self.fh.close()
-            os.unlink(self.tmp)
+        except BaseException:
+            self._discard()  # a full disk fails the flush: the temp file must not stay on it
+            raise
+        if self.durable:
+            fsync_dir(self.path)
+
+    def _discard(self) -> None:
+        try:
+            self.fh.close()  # flushes what is buffered, which fails again on a full disk
+        except OSError:
+            pass
+        _unlink_quietly(self.tmp)
 
 
-def write_json(path: str, obj: Any) -> None:
-    with AtomicWriter(path) as fh:
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename or a new file in ``path``'s directory survive a crash."""
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, obj: Any, durable: bool = True) -> None:
+    with AtomicWriter(path, durable=durable) as fh:
         json.dump(obj, fh, indent=2, sort_keys=True, ensure_ascii=False)
         fh.write("\n")
 
@@ -146,7 +183,7 @@ def read_json(path: str) -> Optional[Any]:
 
 def fresh_build_dir(out_dir: str) -> str:
     """An empty private sibling of ``out_dir`` (``OUT.tmp-PID``) to build the stage's next output in."""
-    remove_dead_build_dirs(out_dir)
+    remove_dead_leftovers(out_dir)
     tmp_dir = out_dir + f".tmp-{os.getpid()}"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     os.makedirs(tmp_dir)
@@ -163,21 +200,25 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_dead_build_dirs(out_dir: str) -> List[str]:
-    """Remove ``OUT.tmp-PID``/``OUT.old-PID`` left by a run that was killed (its PID is gone).
+def remove_dead_leftovers(path: str) -> List[str]:
+    """Remove ``PATH.tmp-PID…``/``PATH.old-PID`` left by a writer that was killed (its PID is gone).
 
-    A stage SIGKILLed mid-build (or a container rebooted under it) leaves its private build
-    directory behind; never a finished output, but it holds disk space the next run needs.
-    A directory of a process still running (another run's build in progress) is left alone.
+    A stage SIGKILLed mid-write (or a container rebooted under it) leaves its private temp
+    file or build directory behind: never a finished output, but it holds disk space the
+    next run needs. What a process still running left (another run's write in progress,
+    or this process's own) is left alone.
     """
     removed = []
     for kind in ("tmp", "old"):
-        prefix = f"{out_dir}.{kind}-"
-        for path in glob.glob(glob.escape(prefix) + "*"):
-            pid = path[len(prefix):]
+        prefix = f"{path}.{kind}-"
+        for leftover in glob.glob(glob.escape(prefix) + "*"):
+            pid = leftover[len(prefix):].split("-", 1)[0]
             if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(path)
+                if os.path.isdir(leftover) and not os.path.islink(leftover):
+                    shutil.rmtree(leftover, ignore_errors=True)
+                else:
+                    _unlink_quietly(leftover)
+                removed.append(leftover)
     return removed
 
 

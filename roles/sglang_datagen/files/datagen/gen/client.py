@@ -28,9 +28,10 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 import aiohttp
 
 from ..sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
+from ..util import write_json
 from .concurrency import LimitPolicy, WorkerLoad, all_empty, describe, initial_limit, next_limit, parse_loads
 from .journal import AppendLog, DoneIndex
-from .progress import Progress, summary_line, write_atomic
+from .progress import Progress, summary_line
 from .settings import GenerateSettings
 
 # Worth another attempt: timeouts, conflicts, rate limits and every 5xx. Other 4xx
@@ -598,7 +599,7 @@ class Engine:
 
     def write_progress(self) -> None:
         try:
-            write_atomic(self.progress_path, self.progress.snapshot())
+            write_json(self.progress_path, self.progress.snapshot(), durable=False)
         except OSError as exc:  # progress is advisory: a full disk shows up in the output writes
             self.log(f"generate: cannot write progress: {exc}")
 

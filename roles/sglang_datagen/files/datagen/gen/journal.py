@@ -17,6 +17,8 @@ from array import array
 from bisect import bisect_left
 from typing import Iterable, Iterator, List, Optional, Tuple
 
+from ..util import AtomicWriter
+
 _CHUNK = 1 << 16
 
 
@@ -136,23 +138,10 @@ def quarantine(path: str, bad: List[bytes], side_path: str) -> None:
         side.writelines(b if b.endswith(b"\n") else b + b"\n" for b in bad)
         side.flush()
         os.fsync(side.fileno())
-    tmp = path + ".rewrite"
-    with open(tmp, "wb") as out:
+    with AtomicWriter(path, "wb") as out:
         for line in iter_lines(path):
             if line not in drop and line.strip(b" \t\r\n\x00"):
                 out.write(line)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def count_lines(path: str) -> int:

@@ -8,7 +8,6 @@ the file's age or its PID (PIDs get reused).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -104,20 +103,6 @@ def summary_line(status: Dict[str, Any]) -> str:
     if status.get("message"):
         parts.append(f"- {status['message']}")
     return " ".join(parts)
-
-
-def write_atomic(path: str, data: Dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        # a full disk must not leave a half-written temp file behind on every progress tick
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def read_json(path: str) -> Optional[Dict[str, Any]]:
