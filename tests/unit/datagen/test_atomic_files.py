@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -126,10 +127,23 @@ def test_a_body_that_raises_leaves_no_temp_file(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_the_written_file_gets_the_usual_mode_not_mkstemps_private_one(tmp_path):
+def test_the_written_file_gets_the_usual_mode_and_writers_in_threads_leave_the_umask_alone(tmp_path):
+    """generate writes its progress every second while a watcher thread writes the ready file: reading
+    the umask by setting it, from two threads at once, could leave it 0 for the rest of the run."""
     old = os.umask(0o022)
     try:
-        util.write_json(str(tmp_path / "a.json"), {})
+        def write_many(name: str) -> None:
+            for i in range(300):
+                util.write_json(str(tmp_path / name), {"i": i}, durable=False)
+
+        threads = [threading.Thread(target=write_many, args=(f"f{n}.json",)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert os.umask(0o022) == 0o022, "a writer changed the process's umask"
     finally:
         os.umask(old)
-    assert os.stat(tmp_path / "a.json").st_mode & 0o777 == 0o644
+    assert sorted(os.listdir(tmp_path)) == [f"f{n}.json" for n in range(4)]
+    assert {os.stat(tmp_path / name).st_mode & 0o777 for name in os.listdir(tmp_path)} == {0o644}

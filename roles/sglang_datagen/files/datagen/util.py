@@ -7,8 +7,8 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
 import unicodedata
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -99,14 +99,24 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _create_temp(path: str) -> Tuple[int, str]:
+    """Create ``PATH.tmp-PID-RANDOM`` exclusively (no other writer, thread or process, shares it): (fd, name).
+
+    Not mkstemp: it makes the file 0600, and giving it the usual mode needs the umask, which can
+    only be read by changing it, process-wide, under the pipeline's other threads (two threads
+    doing so at once can leave it 0). Here the kernel applies the umask to 0666 itself.
+    """
+    for _attempt in range(8):
+        tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:  # one of 2**32 names taken: a leftover of a dead process with this PID
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 class AtomicWriter:
-    """Write to ``PATH.tmp-PID-XXXXXX`` beside the target; rename it over the target on success.
+    """Write to ``PATH.tmp-PID-RANDOM`` beside the target; rename it over the target on success.
 
     A reader never sees half a file. The writer's PID in the temp name lets the next writer
     of the same path remove what a killed one (SIGKILL, a reboot) left between write and
@@ -117,11 +127,9 @@ class AtomicWriter:
     def __init__(self, path: str, mode: str = "w", durable: bool = True) -> None:
         self.path = path
         self.durable = durable
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         remove_dead_leftovers(path)
-        fd, self.tmp = tempfile.mkstemp(prefix=f"{os.path.basename(path)}.tmp-{os.getpid()}-", dir=directory)
-        os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get the usual mode
+        fd, self.tmp = _create_temp(path)
         self.fh = os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8")
 
     def __enter__(self):
