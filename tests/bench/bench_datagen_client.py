@@ -33,7 +33,7 @@ import time
 
 from harness import StandinProcess
 
-from tests.bench.goals import finish
+from tests.bench.goals import finish, goal_flags
 from tests.support.paths import ROOT
 
 MODEL = "bench-model"
@@ -115,14 +115,12 @@ def run_child(kind: str, url: str, prompts: str, work: str, arg: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+    ap = goal_flags(argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0]))
     ap.add_argument("--small", type=int, default=10000, help="prompts in the small datagen run")
     ap.add_argument("--large", type=int, default=60000, help="prompts in the large datagen run (200000 for the full check)")
     ap.add_argument("--pool", type=int, default=3000, help="requests for the openai thread-pool run")
     ap.add_argument("--threads", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=128, help="datagen in-flight requests")
-    ap.add_argument("--json", help="write the results here too")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
     ap.add_argument("--child", choices=("openai", "datagen"), help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", help=argparse.SUPPRESS)

@@ -43,7 +43,7 @@ import yaml
 from harness import RouterProcess, StandinProcess
 
 from datagen.gen.concurrency import parse_loads
-from tests.bench.goals import finish
+from tests.bench.goals import finish, goal_flags
 from tests.support.net import http
 from tests.support.paths import DATAGEN_FILES
 
@@ -205,7 +205,7 @@ def bench_concurrency(a: argparse.Namespace, tmp: str) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+    ap = goal_flags(argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0]))
     ap.add_argument("--only", choices=("nodes", "concurrency"), help="run one part")
     ap.add_argument("--window", type=float, default=8.0, help="seconds each run generates")
     ap.add_argument("--rows", type=int, default=20000, help="prompts per run (more than any run gets through)")
@@ -213,8 +213,6 @@ def main() -> int:
                     help="nodes: seconds before the window (start-up, ramp, first answers): the steady rate counts")
     ap.add_argument("--workers", type=int, default=2, help="workers per node")
     ap.add_argument("--node-capacity", type=int, default=32, help="running requests per worker in the nodes part")
-    ap.add_argument("--json", help="write the results here too")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
     a = ap.parse_args()
 
     summary: Dict[str, object] = {"cores": os.cpu_count(), "window_s": a.window}

@@ -46,13 +46,12 @@ cores); this bench does not break it down by task.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from tests.bench.goals import finish, goal_flags
 from tests.support.lab import MAIN_CT, NODE2_CT, fleet_skip_reason, lab_status, trainer
 from tests.support.paths import FLEET_INVENTORY
 from tests.support.playbook import callback_seconds, run_playbook
@@ -118,11 +117,9 @@ def ratios(med: Dict[str, Dict[str, float]], pooled: Dict[str, float]) -> Dict[s
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = goal_flags(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     ap.add_argument("--rounds", type=int, default=3, help="runs of each variant")
     ap.add_argument("--forks", type=int, default=2, help="ansible-playbook --forks, every variant (>= 2)")
-    ap.add_argument("--json", help="also write the numbers here")
-    ap.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     args = ap.parse_args()
     if args.forks < 2:
         ap.error("--forks must be >= 2 (the two containers are stopped in parallel); got %d" % args.forks)
@@ -160,14 +157,10 @@ def main() -> int:
     print()
     for k, v in r.items():
         print("%-26s %6.2fx" % (k, v))
-    met = r["both/slower_single_wall"] <= GOAL
-    print("\ngoal: two containers' wall time <= %.1fx one container's (the slower single): %s"
-          % (GOAL, "met" if met else "MISS"))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"forks": args.forks, "rounds": args.rounds, "median_s": med,
-                                               "singles_pooled_s": pooled, "ratios": r, "samples": samples,
-                                               "goal_met": met}, indent=1))
-    return 1 if args.check and not met else 0
+    summary = {"forks": args.forks, "rounds": args.rounds, "median_s": med, "singles_pooled_s": pooled, "ratios": r,
+               "samples": samples}
+    goal = "two containers' wall time <= %.1fx one container's (the slower single)" % GOAL
+    return finish(summary, {goal: r["both/slower_single_wall"] <= GOAL}, args.json, args.check)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from tests.bench.goals import finish
+from tests.bench.goals import finish, goal_flags
 from tests.support import paths
 from tests.support.sshd import sshd_usable, start_sshd, stop_sshd
 
@@ -50,11 +50,9 @@ def timed(download) -> tuple:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = goal_flags(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     ap.add_argument("--mib", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", help="also write the numbers here")
-    ap.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     args = ap.parse_args()
     if not sshd_usable():
         sys.exit("needs root and OpenSSH's sshd for a throwaway server")

@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from tests.bench.goals import finish
+from tests.bench.goals import finish, goal_flags
 from tests.support.lab import lab_status, skip_reason
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import callback_seconds, run_playbook
@@ -88,11 +88,9 @@ def run_once(path: Path, expect_changed: bool) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = goal_flags(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
     ap.add_argument("--files", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--json", help="also write the numbers here")
-    ap.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     args = ap.parse_args()
     reason = skip_reason(lab_status())
     if reason:

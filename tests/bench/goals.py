@@ -1,12 +1,22 @@
-"""The end every benchmark with goals shares: print each goal met or missed, save the summary, the exit status.
+"""What every benchmark with goals shares: its ``--json``/``--check`` flags, and its end (print each goal
+met or missed, save the summary, the exit status).
 
+    ap = goal_flags(argparse.ArgumentParser(...))     # then the benchmark's own flags
     return finish(summary, goals, a.json, a.check)   # last line of a benchmark's main()
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any, Dict, Mapping, Optional
+
+
+def goal_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the two flags :func:`finish` reads to PARSER: ``--json FILE`` and ``--check``."""
+    parser.add_argument("--json", help="also write the numbers here")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a goal is missed")
+    return parser
 
 
 def finish(summary: Dict[str, Any], goals: Mapping[str, bool], json_path: Optional[str], check: bool) -> int:
