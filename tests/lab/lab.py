@@ -64,8 +64,13 @@ Deadline = _load_module_util("_wait").Deadline
 
 # ---------------------------------------------------------------- the lab's facts
 
-DEFAULT_LAB_DIR = "/var/lib/gpuops-lab"
-LAB_DIR = os.path.abspath(os.environ.get("GPUOPS_LAB_DIR", DEFAULT_LAB_DIR))
+# Which copy of the lab this is (tests/lab/lanes.py): GPUOPS_LAB_LANE, default 0, the README's lab. Every
+# place, port, container, user and address below is the lane's; GPUOPS_LAB_DIR/GPUOPS_LAB_PORT still override.
+lanes = _load_file(os.path.join(HERE, "lanes.py"), "gpuops_lab_lanes")
+LANE = lanes.current()
+# tests/lab/pct's own default: a lab elsewhere hands its place to pct (sshd SetEnv, sudo env_keep)
+DEFAULT_LAB_DIR = lanes.BASE_DIR
+LAB_DIR = os.path.abspath(os.environ.get("GPUOPS_LAB_DIR") or LANE.lab_dir)
 CACHE_DIR = os.path.abspath(os.environ.get("GPUOPS_LAB_CACHE", "/var/cache/gpuops-lab"))
 LOCK_FILE = "/run/gpuops-lab-%s.lock" % hashlib.sha256(LAB_DIR.encode()).hexdigest()[:8]
 LXCPATH = os.path.join(LAB_DIR, "lxc")
@@ -89,15 +94,16 @@ MARKER = os.path.join(LAB_DIR, ".gpuops-lab")
 KEY = os.path.join(SSH_DIR, "id_ed25519")
 KNOWN_HOSTS = os.path.join(SSH_DIR, "known_hosts")
 SSHD_CONFIG = os.path.join(SSH_DIR, "sshd_config")
-SUDOERS = "/etc/sudoers.d/gpuops-lab"
+SUDOERS = LANE.sudoers
 
 HOST = "127.0.0.1"
-PORT = int(os.environ.get("GPUOPS_LAB_PORT", "2222"))
+PORT = int(os.environ.get("GPUOPS_LAB_PORT") or LANE.port)
 NODE = socket.gethostname().split(".")[0]
-CONTAINERS = {"200": "ct200", "201": "ct201"}
-MAIN_CT = "200"
-SUDO_USER = "pveops"
-NOSUDO_USER = "pvenosudo"
+CONTAINERS = {LANE.main_ct: lanes.HOSTNAMES["main"], LANE.decoy_ct: lanes.HOSTNAMES["decoy"]}
+MAIN_CT = LANE.main_ct
+DECOY_CT = LANE.decoy_ct
+SUDO_USER = LANE.sudo_user
+NOSUDO_USER = LANE.nosudo_user
 LAB_USERS = (SUDO_USER, NOSUDO_USER)
 
 
@@ -147,8 +153,8 @@ NODE2_DIR = os.path.join(LAB_DIR, "node2")
 NODES = {
     1: LabNode(1, NODE, "lab-pve", PORT, dict(CONTAINERS), MAIN_CT, LAB_DIR, PVE_CONF_DIR, FAKEGPU_DIR, NS_DIR,
                SUPERVISOR_FILE, SSHD_CONFIG, os.path.join(SSH_DIR, "ssh_host_ed25519_key")),
-    2: LabNode(2, NODE + "-2", "lab-pve2", int(os.environ.get("GPUOPS_LAB_PORT2", str(PORT + 1))), {"210": "ct210"},
-               "210", NODE2_DIR, os.path.join(NODE2_DIR, "pve", "lxc"), os.path.join(NODE2_DIR, "fakegpu"),
+    2: LabNode(2, NODE + "-2", "lab-pve2", int(os.environ.get("GPUOPS_LAB_PORT2", str(PORT + 1))),
+               {LANE.node2_ct: lanes.HOSTNAMES["node2"]}, LANE.node2_ct, NODE2_DIR, os.path.join(NODE2_DIR, "pve", "lxc"), os.path.join(NODE2_DIR, "fakegpu"),
                os.path.join(NODE2_DIR, "ns"), os.path.join(NODE2_DIR, "supervisor.json"),
                os.path.join(NODE2_DIR, "sshd_config"), os.path.join(SSH_DIR, "ssh_host_ed25519_key-node2")),
 }
@@ -1344,6 +1350,8 @@ def ensure_files_link() -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     preflight()
+    if args.lanes is not None:
+        return cmd_up_lanes(args)
     with Lock():
         os.makedirs(LAB_DIR, mode=0o755, exist_ok=True)
         os.chmod(LAB_DIR, 0o755)
@@ -1353,6 +1361,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         for path in (LXCPATH, PVE_CONF_DIR, NS_DIR):
             os.makedirs(path, mode=0o755, exist_ok=True)
         ensure_files_link()
+        lanes.write_inventories(os.path.join(REPO, "inventories"), LANE)
         state = load_json(STATE_FILE)
         cache = rootfs_cache()
         ensure_fakegpu()
@@ -1370,6 +1379,47 @@ def cmd_up(args: argparse.Namespace) -> int:
             ensure_second_node(state, cache, args.behaviour)
     print(json.dumps(status_dict(), indent=1, sort_keys=True))
     return 0
+
+
+def lane_command(index: int, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """This program run for lane INDEX (its own process: every fact of a lane is read once, at start)."""
+    env = dict(os.environ, **{lanes.LANE_ENV: str(index)})
+    for key in ("GPUOPS_LAB_DIR", "GPUOPS_LAB_PORT", "GPUOPS_LAB_PORT2"):  # they would put every lane in one place
+        env.pop(key, None)
+    return subprocess.run([sys.executable, os.path.realpath(__file__), *argv], env=env, timeout=timeout,
+                          stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, check=False)
+
+
+def cmd_up_lanes(args: argparse.Namespace) -> int:
+    """`up --lanes N`: lanes 0..N-1 brought up one after the other (the first builds the rootfs cache the others
+    copy); prints {"lanes": [each lane's status]}."""
+    if not 1 <= args.lanes <= lanes.MAX_LANES:
+        raise LabError("--lanes must be 1 to %d, got %d" % (lanes.MAX_LANES, args.lanes))
+    out = []
+    for index in range(args.lanes):
+        argv = ["up"] + (["--behaviour", args.behaviour] if args.behaviour else []) + (
+            ["--nodes", str(args.nodes)] if args.nodes else [])
+        log("lane %d: up" % index)
+        done = lane_command(index, argv, timeout=3600)
+        if done.returncode != 0:
+            raise LabError("lane %d: 'up' failed (exit %d); its messages are above" % (index, done.returncode))
+        out.append(json.loads(done.stdout))
+    print(json.dumps({"lanes": out}, indent=1, sort_keys=True))
+    return 0
+
+
+def existing_lanes() -> list[int]:
+    """The lanes whose lab directory is there (what `down --all` takes down)."""
+    return [index for index in range(lanes.MAX_LANES) if os.path.exists(lanes.lane(index).lab_dir)]
+
+
+def cmd_down_all(args: argparse.Namespace) -> int:
+    rc = 0
+    for index in existing_lanes():
+        log("lane %d: down" % index)
+        if lane_command(index, ["down"], timeout=600).returncode != 0:
+            rc = 1
+    return rc
 
 
 def lab_nodes(args: argparse.Namespace) -> int:
@@ -1427,6 +1477,8 @@ def ensure_second_node(state: dict, cache: str, behaviour: str | None) -> None:
 
 def cmd_down(args: argparse.Namespace) -> int:
     preflight()
+    if args.all:
+        return cmd_down_all(args)
     if not os.path.exists(LAB_DIR):
         log("nothing to do: %s does not exist" % LAB_DIR)
         return 0
@@ -1547,6 +1599,10 @@ def status_dict() -> dict:
         "nodes": 2 if second and second["up"] else 1,
         "node2": second,
         "lab_dir": LAB_DIR,
+        # which copy of the lab this is (tests/lab/lanes.py): its port, VMIDs, users, addresses, inventories
+        "lane": LANE.facts(),
+        "inventory": LANE.inventory("lab"),
+        "fleet_inventory": LANE.inventory("lab-fleet"),
         # up/down/trainer hold this flock; a test that must not see CT200's trainer restarted takes it too
         "lock_file": LOCK_FILE,
         "host": HOST,
@@ -1752,11 +1808,17 @@ def main(argv: list[str]) -> int:
     p_up.add_argument("--nodes", type=int, choices=(1, 2), default=None,
                       help="2: also the second PVE host (port + 1) with CT210 and its own 8 fake GPUs "
                            "(default $GPUOPS_LAB_NODES or 1; a one-node up leaves a second node as it is)")
-    sub.add_parser("down", help="end everything the lab started and remove its state (keeps the rootfs cache)")
+    p_up.add_argument("--lanes", type=int, default=None, metavar="N",
+                      help="bring up lanes 0..N-1, N independent copies of the lab (tests/lab/lanes.py; "
+                           "$GPUOPS_LAB_LANE picks the lane of every other command)")
+    p_down = sub.add_parser("down", help="end everything the lab started and remove its state (keeps the rootfs "
+                            "cache)")
+    p_down.add_argument("--all", action="store_true", help="every lane whose lab directory exists")
     sub.add_parser("status", help="print the lab's facts as JSON")
     p_tr = sub.add_parser("trainer", help="(re)start the dflash trainer with BEHAVIOUR and wait for step lines")
     p_tr.add_argument("behaviour", choices=BEHAVIOURS)
-    p_tr.add_argument("--ct", choices=GPU_CTS, default=MAIN_CT, help="the GPU container (210: the second node's)")
+    p_tr.add_argument("--ct", choices=GPU_CTS, default=MAIN_CT,
+                      help="the GPU container (%s: the second node's)" % LANE.node2_ct)
     sub.add_parser("torch-venv", help="build the containers' cached torch venv (else built on first 'trainer torchrun')")
     p_rs = sub.add_parser("sshd-restart", help="restart the lab PVE host's sshd as `systemctl restart ssh` does "
                           "(the listener replaced, established sessions kept); prints what happened as JSON")

@@ -254,9 +254,11 @@ def cmd_exec(params: dict, opts: dict) -> int:
     env = dict(os.environ)
     env.pop("SSL_CERT_FILE", None)
     env.pop("SSL_CERT_DIR", None)
-    # the lab's own wiring of a second PVE host (set by its pct wrapper), not part of a real host's environment
+    # the lab's own wiring of a second PVE host (set by its pct wrapper) or of a lane's lab directory (the
+    # lane's sshd sets it), not part of a real host's environment
     env.pop("GPUOPS_LAB_PVE_CONF_DIR", None)
     env.pop("GPUOPS_LAB_PVE_NODE", None)
+    env.pop("GPUOPS_LAB_DIR", None)
     env["PATH"] = "/sbin:/bin:/usr/sbin:/usr/bin"
     argv = lxc("lxc-attach", vmid, "--keep-env" if keep_env else "--clear-env", "--", *params["extra-args"])
     sys.stdout.flush()

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Set, Tuple
 
+from tests.support.lab import MAIN_CT
 from tests.support.paths import FAKEGPU_DIR
 from tests.support.ssh import in_ct
 
@@ -86,7 +87,7 @@ def lock_holder(status: dict) -> Optional[dict]:
     return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
 
 
-def ct_init_pid(status: dict, vmid: str = "200") -> Optional[int]:
+def ct_init_pid(status: dict, vmid: str = MAIN_CT) -> Optional[int]:
     """The container's init as a host PID (lxc-info on the lab's lxcpath): a new one means it really restarted."""
     done = subprocess.run(["lxc-info", "-P", status["lxcpath"], "-n", vmid, "-p", "-H"],
                           capture_output=True, text=True, timeout=30, check=False)

@@ -9,6 +9,7 @@ from typing import List, Tuple
 
 import yaml
 
+from tests.support.lab import DATAGEN_HOST, MAIN_CT
 from tests.support.net import http, parse_metrics
 from tests.support.paths import LAB_INVENTORY, TESTS
 from tests.support.playbook import PlaybookRun, run_playbook
@@ -22,8 +23,8 @@ INSTALL_TASK = "Install SGLang, sglang-router and the pipeline's requirements in
 GATE_TASK = "Wait until every worker is ready and the router routes to all of them"
 LAB_VARS_FILE = LAB_INVENTORY / "group_vars" / "training_containers.yml"
 # the single-node lab's router and its eight stand-in workers (CT200 shares this machine's loopback)
-ROUTER = "http://127.0.0.1:30000"
-WORKERS = [f"http://127.0.0.1:{31000 + i}" for i in range(8)]
+ROUTER = f"http://{DATAGEN_HOST}:30000"
+WORKERS = [f"http://{DATAGEN_HOST}:{31000 + i}" for i in range(8)]
 
 # inside CT200: the tokenized rows against the server's ids in generated.jsonl (token-exact rows)
 TOKEN_EXACT_PY = r"""
@@ -43,7 +44,7 @@ print(json.dumps({"rows": len(rows), "distinct": len({r["id"] for r in rows}), "
 """
 
 
-def reset_pipeline(status: dict, vmid: str = "200") -> None:
+def reset_pipeline(status: dict, vmid: str = MAIN_CT) -> None:
     """A pipeline that must run again in container VMID: no finished marker, no generated rows.
 
     A pipeline still running (an earlier test's, or one the resume timer started at boot) is stopped

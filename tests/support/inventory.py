@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Dict, Union
 
+from tests.support.lab import MAIN_CT
+
 
 def _lab_login(status: dict, connection: str, **extra) -> dict:
     """The PVE host's root login with the lab's key, through CONNECTION; EXTRA overrides."""
@@ -28,7 +30,7 @@ def _lab_login(status: dict, connection: str, **extra) -> dict:
 def pct_ssh_hostvars(status: dict, **extra) -> dict:
     """Host variables for CT200 through ``gpuops.repurpose.pct_ssh`` as the PVE host's root; EXTRA overrides."""
     return _lab_login(status, "gpuops.repurpose.pct_ssh",
-                      **{"ansible_pct_ssh_known_hosts_file": status["known_hosts"], "proxmox_vmid": 200, **extra})
+                      **{"ansible_pct_ssh_known_hosts_file": status["known_hosts"], "proxmox_vmid": int(MAIN_CT), **extra})
 
 
 def openssh_hostvars(status: dict, **extra) -> dict:

@@ -19,11 +19,18 @@ from typing import Iterator, Optional
 
 import pytest
 
-from tests.support.paths import LAB_CLI
+from tests.support.paths import LAB_CLI, LANE
 
-MAIN_CT = "200"
-# the second lab node's GPU container (`tests/lab/lab up --nodes 2`)
-NODE2_CT = "210"
+# This process's lane of the lab (tests/support/paths.py select_lane; tests/lab/lanes.py): its containers,
+# users and addresses. A test names them through these (or the ``lab`` fixture's status), never lane 0's.
+MAIN_CT = LANE.main_ct  # CT200 of lane 0
+DECOY_CT = LANE.decoy_ct  # CT201, the stopped decoy
+# the second lab node's GPU container (`tests/lab/lab up --nodes 2`): CT210
+NODE2_CT = LANE.node2_ct
+SUDO_USER = LANE.sudo_user  # pveops: sudo NOPASSWD for pct only
+NOSUDO_USER = LANE.nosudo_user  # pvenosudo: no sudo rule
+# the address each lab node's datagen services (SGLang workers, router, metrics) bind: 127.0.0.1 and 127.0.0.2
+DATAGEN_HOST, DATAGEN_HOST2 = LANE.datagen_hosts
 DEFAULT_BEHAVIOUR = "graceful"
 
 
@@ -103,7 +110,7 @@ def require_fleet() -> dict:
     return status
 
 
-def require_stopped(status: dict, vmid: str = "201") -> None:
+def require_stopped(status: dict, vmid: str = DECOY_CT) -> None:
     """Skip the calling test unless container VMID is stopped, as the lab leaves CT201 (another test may run it)."""
     if status.get("containers", {}).get(vmid) != "stopped":
         pytest.skip("CT%s is not stopped (another test started it)" % vmid)

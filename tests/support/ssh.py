@@ -11,6 +11,8 @@ import shlex
 import subprocess
 from typing import Callable, List, Optional, Union
 
+from tests.support.lab import MAIN_CT
+
 SSH_OPTIONS = ("-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
                "-o", "ConnectTimeout=10")
 
@@ -62,7 +64,7 @@ def without_lxc_rexec_failures(attempt: Callable[[], subprocess.CompletedProcess
     return attempt()
 
 
-def in_ct(status: dict, *argv: str, vmid: Union[int, str] = 200, timeout: float = 60,
+def in_ct(status: dict, *argv: str, vmid: Union[int, str] = MAIN_CT, timeout: float = 60,
           check: bool = True) -> subprocess.CompletedProcess:
     """ARGV inside container VMID through the PVE host (ssh + ``pct exec``); with CHECK, rc 0 is asserted."""
     done = without_lxc_rexec_failures(
@@ -72,7 +74,7 @@ def in_ct(status: dict, *argv: str, vmid: Union[int, str] = 200, timeout: float 
     return done
 
 
-def attach(status: dict, *argv: str, vmid: Union[int, str] = 200, timeout: float = 60,
+def attach(status: dict, *argv: str, vmid: Union[int, str] = MAIN_CT, timeout: float = 60,
            check: bool = True) -> subprocess.CompletedProcess:
     """ARGV inside container VMID straight through ``lxc-attach`` on this machine (neither ssh nor pct)."""
     done = without_lxc_rexec_failures(lambda: subprocess.run(
