@@ -7,10 +7,10 @@
     .venv/bin/python -m tests.bench.bench_fleet_stop [--rounds 3] [--forks 2] [--json FILE] [--check]
 
 Needs the two-node lab (``tests/lab/lab up --nodes 2``: CT200 behind lab-pve on 127.0.0.1:2222, CT210
-behind lab-pve2 on 127.0.0.1:2223); it never brings it up or down. Every run is the real
-``playbooks/repurpose_ct200.yml`` with ``inventories/lab-fleet``, stop half only (``repurpose_datagen=false``,
-the lab suites' short ladder, tests/support/stop_training.py ``FAST``), ``--forks`` (2) for every variant but
-``serial``:
+behind lab-pve2 on 127.0.0.1:2223, in lane 0; ``GPUOPS_LAB_LANE`` picks another lab lane); it never brings it
+up or down. Every run is the real ``playbooks/repurpose_ct200.yml`` with ``inventories/lab-fleet`` (the lane's
+rendering of it), stop half only (``repurpose_datagen=false``, the lab suites' short ladder,
+tests/support/stop_training.py ``FAST``), ``--forks`` (2) for every variant but ``serial``:
 
   ct200   ``--limit ct200``: one container
   ct210   ``--limit ct210``: the other one alone (the two nodes are not identical: both singles are measured)

@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from tests.support.inventory import openssh_hostvars, pct_ssh_hostvars, write_inventory
-from tests.support.lab import lab_status, skip_reason
+from tests.support.lab import MAIN_CT, lab_status, skip_reason
 from tests.support.playbook import callback_seconds, run_playbook
 
 
@@ -53,7 +53,7 @@ def contenders(status: dict, cp_dir: str) -> dict:
         "pct_ssh_pipelined": (dict(pct_ssh, ansible_pipelining=True), "command"),
         "pct_ssh_plain": (dict(pct_ssh, ansible_pipelining=False), "command"),
         # proxmox_pct_remote reads only ~/.ssh/known_hosts; on the loopback lab we let it skip the check
-        "pct_remote": (dict(base, ansible_connection="community.proxmox.proxmox_pct_remote", proxmox_vmid=200,
+        "pct_remote": (dict(base, ansible_connection="community.proxmox.proxmox_pct_remote", proxmox_vmid=int(MAIN_CT),
                             ansible_host_key_checking=False, ansible_pipelining=False), "command"),
         "raw_pct_exec": (dict(openssh, ansible_pipelining=True), "raw"),
         "raw_host": (dict(openssh, ansible_pipelining=True), "raw_host"),
@@ -63,11 +63,11 @@ def contenders(status: dict, cp_dir: str) -> dict:
 
 def playbook(kind: str, n: int) -> str:
     task = {
-        "raw": "    - name: t{i}\n      ansible.builtin.raw: /usr/sbin/pct exec 200 -- /bin/true\n",
+        "raw": "    - name: t{i}\n      ansible.builtin.raw: /usr/sbin/pct exec {vmid} -- /bin/true\n",
         "raw_host": "    - name: t{i}\n      ansible.builtin.raw: /bin/true\n",
         "command": "    - name: t{i}\n      ansible.builtin.command: /bin/true\n",
     }[kind]
-    return "- hosts: all\n  gather_facts: false\n  tasks:\n" + "".join(task.format(i=i) for i in range(n))
+    return "- hosts: all\n  gather_facts: false\n  tasks:\n" + "".join(task.format(i=i, vmid=MAIN_CT) for i in range(n))
 
 
 def run_once(tmp: Path, name: str, hostvars: dict, kind: str, n: int) -> list:

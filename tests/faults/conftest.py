@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -23,6 +24,19 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def figures() -> Figures:
     return _FIGURES
+
+
+def pytest_sessionfinish(session, exitstatus):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None and _FIGURES.faults:  # an xdist worker: its figures go to the controller
+        workeroutput["fault_figures"] = json.dumps(_FIGURES.as_dict())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    figures = getattr(node, "workeroutput", {}).get("fault_figures")
+    if figures:
+        _FIGURES.merge(json.loads(figures))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

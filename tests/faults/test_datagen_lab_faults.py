@@ -31,7 +31,7 @@ from tests.support.datagen import (
     server_metrics,
     wait_pipeline_finished,
 )
-from tests.support.lab import lab_cli
+from tests.support.lab import MAIN_CT, lab_cli
 from tests.support.ssh import attach, on_host
 from tests.support.wait import wait_for
 
@@ -114,7 +114,7 @@ def test_ct200_rebooted_mid_pipeline_resumes_after_boot_and_a_finished_one_does_
     done_before = len(generated_rows(lab))
     assert done_before < ROWS, "generation ended before the reboot"
     t0 = time.monotonic()
-    rebooted = pve(lab, "pct", "reboot", "200", "--timeout", "60")
+    rebooted = pve(lab, "pct", "reboot", MAIN_CT, "--timeout", "60")
     figures.injected("CT200 rebooted mid-pipeline")
     assert rebooted.returncode == 0, rebooted.stderr
     try:
@@ -128,7 +128,7 @@ def test_ct200_rebooted_mid_pipeline_resumes_after_boot_and_a_finished_one_does_
 
         # finished: another reboot must not run it again
         mtime = attach(lab, "stat", "-c", "%Y", f"{WORK}/generated.jsonl").stdout.strip()
-        rebooted = pve(lab, "pct", "reboot", "200", "--timeout", "60")
+        rebooted = pve(lab, "pct", "reboot", MAIN_CT, "--timeout", "60")
         assert rebooted.returncode == 0, rebooted.stderr
 
         def skipped_by_exec_condition() -> bool:

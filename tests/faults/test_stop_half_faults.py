@@ -355,7 +355,7 @@ def test_ct200_rebooted_by_someone_else_during_the_stop(lab, figures, during):
         try:
             playbook.read_until(proc, f" : {during}]", timeout=300)
             time.sleep(1.0)  # inside the task
-            rebooted = ssh.on_host(lab, "pct reboot 200 --timeout 30", timeout=300, check=False)
+            rebooted = ssh.on_host(lab, f"pct reboot {lab_support.MAIN_CT} --timeout 30", timeout=300, check=False)
             figures.injected(name)
             assert rebooted.returncode == 0, rebooted.stderr
             proc.communicate(timeout=LADDER_BOUND + 120)

@@ -5,8 +5,8 @@
 """One generation job across two nodes, for real, against the two-node lab (``tests/lab/lab up --nodes 2``).
 
 ``playbooks/repurpose_ct200.yml`` with ``inventories/lab-fleet``: both trainers stopped, both nodes' GPUs
-free, eight stand-in workers on each node (CT200's on 127.0.0.1, CT210's on 127.0.0.2: the lab's nodes share
-this machine's network), the REAL sglang-router and the one pipeline on CT200 only, an API key that every
+free, eight stand-in workers on each node (CT200's on 127.0.0.1, CT210's on 127.0.0.2 in lane 0: the lab's nodes
+share this machine's network), the REAL sglang-router and the one pipeline on CT200 only, an API key that every
 worker and the router require. The stand-ins' own counters (their /metrics) show which node served. Losing
 CT210's workers mid-run still finishes with every id once; a re-run brings them back (one test: the two-node
 play and the pipeline are paid for once). Skipped with the reason when the second node is not up.
@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.support.datagen import LAB_VARS_FILE, WORK, generated_rows, reset_pipeline, wait_pipeline_finished
-from tests.support.lab import MAIN_CT, NODE2_CT, lab_status, trainer
+from tests.support.lab import DATAGEN_HOST, DATAGEN_HOST2, MAIN_CT, NODE2_CT, lab_status, trainer
 from tests.support.net import http, read_metrics
 from tests.support.paths import FLEET_INVENTORY
 from tests.support.playbook import PlaybookRun, run_playbook
@@ -30,10 +30,10 @@ from tests.support.stop_training import REPURPOSE_PLAYBOOK
 from tests.support.wait import wait_for
 
 NODE_WORKERS = {
-    MAIN_CT: [f"http://127.0.0.1:{31000 + i}" for i in range(8)],
-    NODE2_CT: [f"http://127.0.0.2:{31000 + i}" for i in range(8)],
+    MAIN_CT: [f"http://{DATAGEN_HOST}:{31000 + i}" for i in range(8)],
+    NODE2_CT: [f"http://{DATAGEN_HOST2}:{31000 + i}" for i in range(8)],
 }
-ROUTER = "http://127.0.0.1:30000"
+ROUTER = f"http://{DATAGEN_HOST}:30000"
 FAST = {"stop_training_ladder": [{"signal": "SIGINT", "via": "tmux", "timeout": 20}, {"signal": "SIGKILL", "timeout": 5}]}
 
 pytestmark = [pytest.mark.lab, pytest.mark.lab_fleet, pytest.mark.timeout(1200)]
@@ -57,7 +57,7 @@ def worker_invocation(lab: dict, vmid: str, index: int) -> str:
 
 
 def api_key(lab: dict) -> str:
-    return in_ct(lab, "200", "cat", "/opt/datagen/api-key").stdout.strip()
+    return in_ct(lab, MAIN_CT, "cat", "/opt/datagen/api-key").stdout.strip()
 
 
 def worker_args(*extra: str) -> dict:
@@ -84,7 +84,7 @@ def generated_ids(lab: dict) -> list[str]:
 
 
 def prompt_ids(lab: dict) -> list[str]:
-    return [json.loads(line)["id"] for line in in_ct(lab, "200", "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()]
+    return [json.loads(line)["id"] for line in in_ct(lab, MAIN_CT, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()]
 
 
 def served_since(lab: dict, before: dict, vmid: str) -> float:
@@ -108,17 +108,19 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key_a_lost_node_and
     done = play(extra=worker_args("--latency", "10"))
     out = done.output
     # the stop half on both nodes, then the fleet summary
-    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
-    assert "RESULT: CT 210 on lab-pve2: training stopped, GPUs free." in out
+    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free." in out
+    assert f"RESULT: CT {NODE2_CT} on lab-pve2: training stopped, GPUs free." in out
     status = lab_status()
     assert not status["trainer"]["running"] and not status["node2"]["trainer"]["running"]
     assert "FLEET: 2 of 2 container(s) stopped with their GPUs free" in out
     # workers on both nodes; the router and the pipeline on CT200 only
-    for vmid in ("200", "210"):
+    for vmid in (MAIN_CT, NODE2_CT):
         for i in range(8):
             assert in_ct(fleet, vmid, "systemctl", "is-active", f"sglang-datagen-worker@{i}.service").stdout.strip() == "active"
-    assert in_ct(fleet, "210", "systemctl", "is-active", "sglang-datagen-router.service", check=False).stdout.strip() != "active"
-    assert in_ct(fleet, "210", "test", "-e", "/etc/systemd/system/datagen-pipeline.service", check=False).returncode != 0
+    assert in_ct(fleet, NODE2_CT, "systemctl", "is-active", "sglang-datagen-router.service",
+                 check=False).stdout.strip() != "active"
+    assert in_ct(fleet, NODE2_CT, "test", "-e", "/etc/systemd/system/datagen-pipeline.service",
+                 check=False).returncode != 0
     key = api_key(fleet)
     assert len(key) >= 32
     # the router lists all 16 workers healthy, and both nodes' workers serve chat requests (a first answer
@@ -127,27 +129,29 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key_a_lost_node_and
     assert status == 200, body
     listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
     assert listed == {url: True for urls in NODE_WORKERS.values() for url in urls}, listed
-    wait_for(lambda: served_since(fleet, before, "210") > 0, 60, "CT210's workers answering")  # asked while there
+    wait_for(lambda: served_since(fleet, before, NODE2_CT) > 0, 60, "CT210's workers answering")  # asked while there
 
     # CT210 lost: all its workers stop
-    in_ct(fleet, "210", "systemctl", "stop", "sglang-datagen.target")
-    assert in_ct(fleet, "200", "systemctl", "is-active", "datagen-pipeline.service", check=False).stdout.strip() == "activating"
+    in_ct(fleet, NODE2_CT, "systemctl", "stop", "sglang-datagen.target")
+    assert in_ct(fleet, MAIN_CT, "systemctl", "is-active", "datagen-pipeline.service",
+                 check=False).stdout.strip() == "activating"
     left = 100 - len(generated_ids(fleet))
     assert left >= 30, f"only {left} rows left when CT210 went away"
-    assert not any(_answers(url) for url in NODE_WORKERS["210"])  # gone: nothing listens there
+    assert not any(_answers(url) for url in NODE_WORKERS[NODE2_CT])  # gone: nothing listens there
     wait_pipeline_finished(fleet, 400)
     # one pipeline: every prepared id exactly once, no error, and no dataset on the second node
     prompts, ids = prompt_ids(fleet), generated_ids(fleet)
     assert len(prompts) == len(set(prompts)) == 100
     assert sorted(ids) == sorted(prompts), (len(ids), len(set(ids)))
-    assert in_ct(fleet, "200", "test", "-s", f"{WORK}/generate.errors.jsonl", check=False).returncode != 0
-    assert in_ct(fleet, "210", "test", "-e", f"{WORK}/generated.jsonl", check=False).returncode != 0
-    assert served_since(fleet, before, "200") > 0
+    assert in_ct(fleet, MAIN_CT, "test", "-s", f"{WORK}/generate.errors.jsonl", check=False).returncode != 0
+    assert in_ct(fleet, NODE2_CT, "test", "-e", f"{WORK}/generated.jsonl", check=False).returncode != 0
+    assert served_since(fleet, before, MAIN_CT) > 0
 
     # the re-run brings CT210's workers back; its gate on CT200 waits until the router lists them healthy
     rerun = play(extra=worker_args("--latency", "10")).output
     for i in range(8):
-        assert in_ct(fleet, "210", "systemctl", "is-active", f"sglang-datagen-worker@{i}.service").stdout.strip() == "active"
+        assert in_ct(fleet, NODE2_CT, "systemctl", "is-active",
+                     f"sglang-datagen-worker@{i}.service").stdout.strip() == "active"
     status, body = http(ROUTER + "/workers", key=key)
     listed = {w["url"].rstrip("/"): w["is_healthy"] for w in json.loads(body)["workers"]}
     assert listed == {url: True for urls in NODE_WORKERS.values() for url in urls}, listed
@@ -155,7 +159,7 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key_a_lost_node_and
     # every worker port refuses a request without the key (401, as SGLang's auth.py) and takes it with it;
     # the router (sglang-router 0.3.2) refuses chat and its worker list without it (its /v1/models stays open)
     chat = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-    for url in NODE_WORKERS["200"] + NODE_WORKERS["210"]:
+    for url in NODE_WORKERS[MAIN_CT] + NODE_WORKERS[NODE2_CT]:
         assert http(url + "/v1/models")[0] == 401, url
         assert http(url + "/v1/chat/completions", body=chat)[0] == 401, url
         assert http(url + "/v1/models", key="wrong")[0] == 401, url
@@ -166,7 +170,7 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key_a_lost_node_and
     assert http(ROUTER + "/v1/chat/completions", key=key, body=chat)[0] == 200
     # the key is in no log, unit file or summary: both plays' output, both nodes' journals and units
     assert key not in out and key not in rerun
-    for vmid in ("200", "210"):
+    for vmid in (MAIN_CT, NODE2_CT):
         journal = in_ct(fleet, vmid, "journalctl", "--no-pager", "-o", "cat", "--since", "-30min").stdout
         assert key not in journal, vmid
         units = in_ct(fleet, vmid, "sh", "-c", "cat /etc/systemd/system/sglang-datagen* "

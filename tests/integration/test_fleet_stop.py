@@ -4,9 +4,9 @@
 
 """The stop half at fleet scale, for real, against the two-node lab (``tests/lab/lab up --nodes 2``).
 
-``playbooks/repurpose_ct200.yml`` with ``inventories/lab-fleet``: CT200 behind the lab's PVE host
-(127.0.0.1:2222) and CT210 behind the second one (127.0.0.1:2223), each with its own trainer and its
-own 8 fake GPUs. Both are stopped in one run, each under its own lock with its own summary, then one
+``playbooks/repurpose_ct200.yml`` with ``inventories/lab-fleet`` (the lab lane's rendering of it): CT200 behind
+the lab's PVE host (127.0.0.1:2222 in lane 0) and CT210 behind the second one (127.0.0.1:2223), each with its own
+trainer and its own 8 fake GPUs. Both are stopped in one run, each under its own lock with its own summary, then one
 fleet summary; a container that fails (its ladder, or its lock held by another run) does not stop the
 other, and ``--limit`` re-runs just it. Skipped with the reason when the second node is not up.
 """
@@ -95,10 +95,10 @@ def test_both_nodes_are_stopped_in_one_run_with_a_fleet_summary(fleet):
     out = done.output
     assert done.rc == 0, out[-4000:]
     # each container its own plan and summary, through its own PVE host
-    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
-    assert "RESULT: CT 210 on lab-pve2: training stopped, GPUs free." in out
-    assert "Plan, before any signal: CT 200 on lab-pve" in out
-    assert "Plan, before any signal: CT 210 on lab-pve2" in out
+    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free." in out
+    assert f"RESULT: CT {NODE2_CT} on lab-pve2: training stopped, GPUs free." in out
+    assert f"Plan, before any signal: CT {MAIN_CT} on lab-pve" in out
+    assert f"Plan, before any signal: CT {NODE2_CT} on lab-pve2" in out
     # each its own lock, in its own container, released at the end
     taken = task_output(out, "Lock | Take the run lock")
     assert "ok: [ct200]" in taken and "ok: [ct210]" in taken, taken
@@ -112,9 +112,9 @@ def test_both_nodes_are_stopped_in_one_run_with_a_fleet_summary(fleet):
     assert out.count("Fleet | Summary]") == 1, out[-4000:]
     lines = fleet_lines(out)
     assert lines[0].startswith("FLEET: 2 of 2 container(s) stopped with their GPUs free"), lines
-    assert any(line.startswith("ct200 (CT 200 on lab-pve): stopped, 9 process(es) by rung SIGINT") and
+    assert any(line.startswith(f"ct200 (CT {MAIN_CT} on lab-pve): stopped, 9 process(es) by rung SIGINT") and
                "GPUs free 8/8" in line for line in lines), lines
-    assert any(line.startswith("ct210 (CT 210 on lab-pve2): stopped, 9 process(es) by rung SIGINT") and
+    assert any(line.startswith(f"ct210 (CT {NODE2_CT} on lab-pve2): stopped, 9 process(es) by rung SIGINT") and
                "GPUs free 8/8" in line for line in lines), lines
     assert not any("Re-run just these" in line for line in lines)
 
@@ -135,14 +135,14 @@ def test_a_failing_container_never_stops_the_other_and_limit_reruns_it(fleet, tm
     out = done.output
     assert done.rc != 0, out[-4000:]
     assert recap(out, "ct200")["failed"] == 0 and recap(out, "ct210")["failed"] == 1
-    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
+    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free." in out
     status = lab_status()
     assert not status["trainer"]["running"]
     assert status["node2"]["trainer"]["running"]  # never SIGKILLed: its ladder has no such rung
     assert status["node2"]["trainer"]["host_pids"]["launcher"] == stubborn["host_pids"]["launcher"]
     lines = fleet_lines(out)
     assert lines[0].startswith("FLEET: 1 of 2 container(s) stopped"), lines
-    failed = [line for line in lines if line.startswith("ct210 (CT 210 on lab-pve2): FAILED in stop_training")]
+    failed = [line for line in lines if line.startswith(f"ct210 (CT {NODE2_CT} on lab-pve2): FAILED in stop_training")]
     assert failed, lines
     assert "Re-run just these: ansible-playbook ... --limit ct210" in lines
     # the re-run of just the failed one, with a ladder that ends it
@@ -150,7 +150,7 @@ def test_a_failing_container_never_stops_the_other_and_limit_reruns_it(fleet, tm
     out2 = again.output
     assert again.rc == 0, out2[-4000:]
     assert "ct200" not in out2.split("PLAY RECAP")[1]
-    assert "RESULT: CT 210 on lab-pve2: training stopped, GPUs free." in out2
+    assert f"RESULT: CT {NODE2_CT} on lab-pve2: training stopped, GPUs free." in out2
     lines2 = fleet_lines(out2)
     assert lines2[0].startswith("FLEET: 1 of 1 container(s) stopped"), lines2
     assert not lab_status()["node2"]["trainer"]["running"]
@@ -175,8 +175,8 @@ def test_a_lock_held_on_one_container_holds_back_only_that_one(fleet):
     out = done.output
     assert done.rc != 0, out[-4000:]
     assert recap(out, "ct200")["failed"] == 0 and recap(out, "ct210")["failed"] == 1
-    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in out
-    assert "Another run holds the stop_training lock on CT 210" in out and "run other-run, AWX job 41" in out
+    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free." in out
+    assert f"Another run holds the stop_training lock on CT {NODE2_CT}" in out and "run other-run, AWX job 41" in out
     assert json.loads(held)["run_id"] == "other-run", held  # never taken over from a live run
     status = lab_status()
     assert not status["trainer"]["running"] and lock_record(status, MAIN_CT) == ""
@@ -185,6 +185,6 @@ def test_a_lock_held_on_one_container_holds_back_only_that_one(fleet):
     assert status["node2"]["trainer"]["host_pids"]["launcher"] == before["host_pids"]["launcher"]
     lines = fleet_lines(out)
     assert lines[0].startswith("FLEET: 1 of 2 container(s) stopped"), lines
-    assert any(line.startswith("ct210 (CT 210 on lab-pve2): FAILED in stop_training") and "other-run" in line
+    assert any(line.startswith(f"ct210 (CT {NODE2_CT} on lab-pve2): FAILED in stop_training") and "other-run" in line
                for line in lines), lines
     assert "Re-run just these: ansible-playbook ... --limit ct210" in lines

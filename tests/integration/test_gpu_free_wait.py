@@ -20,7 +20,7 @@ import fakegpu
 import pytest
 from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file
 
-from tests.support.lab import lab_status
+from tests.support.lab import DECOY_CT, MAIN_CT, lab_status
 from tests.support.paths import COLLECTIONS
 from tests.support.playbook import adhoc_json_result, run_adhoc
 
@@ -254,22 +254,23 @@ def test_lab_ct201_holder_does_not_block_container_200(lab, tmp_path):
     status = lab
     fdir, lxcpath = status["fakegpu"]["dir"], status["lxcpath"]
     tools = status["fakegpu"]["tools"]
-    started = status["containers"].get("201") != "running"
+    started = status["containers"].get(DECOY_CT) != "running"
     if started:
-        subprocess.run(["lxc-start", "-P", lxcpath, "-n", "201", "-d"], check=True, timeout=60)
-        subprocess.run(["lxc-wait", "-P", lxcpath, "-n", "201", "-s", "RUNNING", "-t", "30"], check=True, timeout=60)
-    hold = subprocess.Popen(["lxc-attach", "-P", lxcpath, "-n", "201", "--", "python3", tools + "/fakegpu.py",
+        subprocess.run(["lxc-start", "-P", lxcpath, "-n", DECOY_CT, "-d"], check=True, timeout=60)
+        subprocess.run(["lxc-wait", "-P", lxcpath, "-n", DECOY_CT, "-s", "RUNNING", "-t", "30"], check=True, timeout=60)
+    hold = subprocess.Popen(["lxc-attach", "-P", lxcpath, "-n", DECOY_CT, "--", "python3", tools + "/fakegpu.py",
                              "hold", "--gpu", "3", "--mib", "20000"], stdout=subprocess.PIPE, text=True)
     try:
         assert hold.stdout.readline().startswith("holding")
         env = dict(os.environ, FAKEGPU_DIR=fdir, PYTHONPATH=str(COLLECTIONS))
-        args = module_args_file(str(tmp_path / "a.json"), gpus=["3"], container=200, _ansible_check_mode=True,
+        args = module_args_file(str(tmp_path / "a.json"), gpus=["3"], container=int(MAIN_CT), _ansible_check_mode=True,
                                 nvidia_smi_path=NVIDIA_SMI, device_paths=[fdir + "/dev/nvidia*"])
         res = subprocess.run([PYTHON, "-m", MODULE, args], env=env, capture_output=True, text=True, timeout=60, check=False)
         out = parse(res.stdout)
-        ct201 = [h for h in out["ignored_holders"] if h["container"] == 201]
-        assert ct201 and ct201[0]["ignored"] == "outside container 200 (CT201)" and ct201[0]["used_mib"] == 20000
-        assert all(h["container"] == 200 for h in out["holders"])
+        ct201 = [h for h in out["ignored_holders"] if h["container"] == int(DECOY_CT)]
+        assert ct201 and ct201[0]["ignored"] == f"outside container {MAIN_CT} (CT{DECOY_CT})"
+        assert ct201[0]["used_mib"] == 20000
+        assert all(h["container"] == int(MAIN_CT) for h in out["holders"])
         g = out["gpus"][0]
         assert g["memory_counted_mib_after"] == g["memory_used_mib_after"] - 20000
     finally:
@@ -277,7 +278,7 @@ def test_lab_ct201_holder_does_not_block_container_200(lab, tmp_path):
         hold.wait()
         hold.stdout.close()
         if started:
-            subprocess.run(["lxc-stop", "-P", lxcpath, "-n", "201", "-k"], timeout=60, check=False)
+            subprocess.run(["lxc-stop", "-P", lxcpath, "-n", DECOY_CT, "-k"], timeout=60, check=False)
 
 
 def ansible_check(host: str, args: dict) -> dict:
@@ -294,12 +295,12 @@ def test_lab_trainer_workers_seen_from_ct200_and_from_the_pve_host(lab):
     if not before.get("up") or not before["trainer"]["running"]:
         pytest.skip("the lab is not up with a running trainer (tests/lab/lab up)")
     inside = ansible_check("ct200", {"timeout": 0})
-    host = ansible_check("lab-pve", {"timeout": 0, "container": 200})
+    host = ansible_check("lab-pve", {"timeout": 0, "container": int(MAIN_CT)})
     after = lab_status()
     assert not inside.get("failed") and not host.get("failed"), (inside.get("msg"), host.get("msg"))
     assert inside["free"] is False and host["free"] is False
     assert all(h["used_mib"] is None and h["container"] is None for h in inside["holders"])
-    assert all(h["container"] == 200 and h["container_pid"] and h["used_mib"] for h in host["holders"])
+    assert all(h["container"] == int(MAIN_CT) and h["container_pid"] and h["used_mib"] for h in host["holders"])
     if before["trainer"]["pids"] == after["trainer"]["pids"]:  # no other test restarted the trainer meanwhile
         workers = set(before["trainer"]["pids"]["workers"])
         assert {h["pid"] for h in inside["holders"]} == workers

@@ -17,8 +17,18 @@ import uuid
 
 import pytest
 
-from tests.support.lab import lab_cli, lab_status, sshd_restart_result, start_sshd_restart, trainer
-from tests.support.paths import LAB_DIR
+from tests.support.lab import (
+    DECOY_CT,
+    MAIN_CT,
+    NOSUDO_USER,
+    SUDO_USER,
+    lab_cli,
+    lab_status,
+    sshd_restart_result,
+    start_sshd_restart,
+    trainer,
+)
+from tests.support.paths import LAB_DIR, LANE
 from tests.support.procfs import listening
 from tests.support.ssh import on_host, ssh_argv
 from tests.support.wait import wait_for
@@ -51,40 +61,40 @@ def ensure_trainer(st: dict) -> dict:
 
 
 def test_status_json_names_everything_a_client_needs(status):
-    assert (status["host"], status["port"]) == ("127.0.0.1", 2222)
+    assert (status["host"], status["port"]) == ("127.0.0.1", LANE.port)
     assert os.stat(status["key"]).st_mode & 0o077 == 0, "ssh refuses a group/world-readable key"
     with open(status["known_hosts"], encoding="ascii") as handle:
-        assert handle.read().startswith("[127.0.0.1]:2222 ssh-ed25519 ")
-    assert set(status["users"]) == {"root", "pveops", "pvenosudo"}
-    assert status["containers"] == {"200": "running", "201": status["containers"]["201"]}
-    assert status["hostnames"] == {"200": "ct200", "201": "ct201"}
+        assert handle.read().startswith("[127.0.0.1]:%d ssh-ed25519 " % LANE.port)
+    assert set(status["users"]) == {"root", SUDO_USER, NOSUDO_USER}
+    assert status["containers"] == {MAIN_CT: "running", DECOY_CT: status["containers"][DECOY_CT]}
+    assert status["hostnames"] == {MAIN_CT: "ct200", DECOY_CT: "ct201"}
     assert status["trainer"]["tmux_session"] == "dflash"
     assert os.path.isdir(status["fakegpu"]["dir"])
 
 
 def test_pct_exec_hostname_over_ssh(status):
-    res = pct(status, "exec", "200", "--", "hostname")
+    res = pct(status, "exec", MAIN_CT, "--", "hostname")
     assert (res.returncode, res.stdout, res.stderr) == (0, "ct200\n", "")
 
 
 def test_pct_exec_returns_the_commands_exit_code_and_keeps_streams_apart(status):
-    res = pct(status, "exec", "200", "--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    res = pct(status, "exec", MAIN_CT, "--", "sh", "-c", "echo out; echo err >&2; exit 7")
     assert (res.returncode, res.stdout, res.stderr) == (7, "out\n", "err\n")
 
 
 def test_pct_exec_keep_env_as_real_pct(status):
-    kept = pct(status, "exec", "200", "--", "sh", "-c", 'echo "$PATH|$SSH_CONNECTION"')
+    kept = pct(status, "exec", MAIN_CT, "--", "sh", "-c", 'echo "$PATH|$SSH_CONNECTION"')
     # run_cli_handler fixes PATH; --keep-env (the default) passes the ssh session's env on
     assert kept.stdout.startswith("/sbin:/bin:/usr/sbin:/usr/bin|127.0.0.1 ")
-    cleared = pct(status, "exec", "200", "--keep-env", "0", "--", "sh", "-c", 'echo "$PATH|$SSH_CONNECTION"')
+    cleared = pct(status, "exec", MAIN_CT, "--keep-env", "0", "--", "sh", "-c", 'echo "$PATH|$SSH_CONNECTION"')
     assert cleared.stdout == "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin|\n"
 
 
 def test_pct_exec_on_stopped_201_fails_like_real_pct(status):
-    if status["containers"]["201"] != "stopped":
+    if status["containers"][DECOY_CT] != "stopped":
         pytest.skip("another test is using CT201")
-    res = pct(status, "exec", "201", "--", "true")
-    assert (res.returncode, res.stdout, res.stderr) == (255, "", "container '201' not running!\n")
+    res = pct(status, "exec", DECOY_CT, "--", "true")
+    assert (res.returncode, res.stdout, res.stderr) == (255, "", f"container '{DECOY_CT}' not running!\n")
 
 
 def test_pct_unknown_and_invalid_vmids(status):
@@ -100,15 +110,15 @@ def test_pct_unknown_and_invalid_vmids(status):
 
 
 def test_pct_status_list_config(status):
-    assert pct(status, "status", "200").stdout == "status: running\n"
-    verbose = dict(line.split(": ", 1) for line in pct(status, "status", "200", "--verbose").stdout.splitlines())
+    assert pct(status, "status", MAIN_CT).stdout == "status: running\n"
+    verbose = dict(line.split(": ", 1) for line in pct(status, "status", MAIN_CT, "--verbose").stdout.splitlines())
     assert verbose["name"] == "ct200" and verbose["status"] == "running" and int(verbose["pid"]) > 1
     listing = pct(status, "list").stdout.splitlines()
     assert listing[0].split() == ["VMID", "Status", "Lock", "Name"]
     rows = {line.split()[0]: line.split() for line in listing[1:]}
-    assert rows["200"] == ["200", "running", "ct200"]
-    assert rows["201"][2] == "ct201"
-    config = pct(status, "config", "200").stdout.splitlines()
+    assert rows[MAIN_CT] == [MAIN_CT, "running", "ct200"]
+    assert rows[DECOY_CT][2] == "ct201"
+    config = pct(status, "config", MAIN_CT).stdout.splitlines()
     assert "hostname: ct200" in config
     keys = [line.split(":")[0] for line in config if not line.startswith("lxc.")]
     assert keys == sorted(keys), "pct config prints the keys sorted, lxc.* entries last"
@@ -121,34 +131,34 @@ def test_push_pull_roundtrip(status, tmp_path):
     back = tmp_path / "back.txt"
     inside = "/tmp/lab-roundtrip-%s" % uuid.uuid4().hex[:8]
     try:
-        res = pct(status, "push", "200", str(src), inside, "--perms", "640", "--user", "nobody")
+        res = pct(status, "push", MAIN_CT, str(src), inside, "--perms", "640", "--user", "nobody")
         assert (res.returncode, res.stderr) == (0, "")
         # owner names resolve inside the container, perms are octal by default
-        stat = pct(status, "exec", "200", "--", "stat", "-c", "%a %U", inside).stdout
+        stat = pct(status, "exec", MAIN_CT, "--", "stat", "-c", "%a %U", inside).stdout
         assert stat == "640 nobody\n"
-        res = pct(status, "pull", "200", inside, str(back))
+        res = pct(status, "pull", MAIN_CT, inside, str(back))
         assert (res.returncode, res.stderr) == (0, "")
         assert back.read_text() == payload
     finally:
-        pct(status, "exec", "200", "--", "rm", "-f", inside)
+        pct(status, "exec", MAIN_CT, "--", "rm", "-f", inside)
 
 
 def test_pull_of_a_missing_file_fails_like_real_pct(status, tmp_path):
-    res = pct(status, "pull", "200", "/nonexistent/file", str(tmp_path / "x"))
+    res = pct(status, "pull", MAIN_CT, "/nonexistent/file", str(tmp_path / "x"))
     assert (res.returncode, res.stderr) == (255, "failed to open /nonexistent/file: No such file or directory\n")
 
 
 def test_sudo_user_runs_pct_only(status):
-    res = pct(status, "status", "200", user="pveops")
+    res = pct(status, "status", MAIN_CT, user=SUDO_USER)
     assert (res.returncode, res.stdout) == (0, "status: running\n")
-    res = pct(status, "exec", "200", "--", "hostname", user="pveops")
+    res = pct(status, "exec", MAIN_CT, "--", "hostname", user=SUDO_USER)
     assert res.stdout == "ct200\n"
-    other = ssh(status, "sudo -n /usr/bin/id -u", user="pveops")
+    other = ssh(status, "sudo -n /usr/bin/id -u", user=SUDO_USER)
     assert other.returncode != 0 and other.stdout == ""
 
 
 def test_user_without_sudo_fails_fast(status):
-    res = pct(status, "status", "200", user="pvenosudo", timeout=30)
+    res = pct(status, "status", MAIN_CT, user=NOSUDO_USER, timeout=30)
     assert res.returncode == 1
     assert "a password is required" in res.stderr
 
@@ -192,22 +202,22 @@ def test_sshd_restart_keeps_sessions_and_replaces_the_listener(status):
 
 
 def test_start_shutdown_stop_201(status):
-    if status["containers"]["201"] != "stopped":
+    if status["containers"][DECOY_CT] != "stopped":
         pytest.skip("another test is using CT201")
     try:
-        assert pct(status, "start", "201", timeout=90).returncode == 0
-        assert pct(status, "status", "201").stdout == "status: running\n"
-        again = pct(status, "start", "201")
-        assert (again.returncode, again.stderr) == (255, "CT 201 already running\n")
-        assert pct(status, "exec", "201", "--", "hostname").stdout == "ct201\n"
-        res = pct(status, "shutdown", "201", "--timeout", "60", timeout=90)
+        assert pct(status, "start", DECOY_CT, timeout=90).returncode == 0
+        assert pct(status, "status", DECOY_CT).stdout == "status: running\n"
+        again = pct(status, "start", DECOY_CT)
+        assert (again.returncode, again.stderr) == (255, f"CT {DECOY_CT} already running\n")
+        assert pct(status, "exec", DECOY_CT, "--", "hostname").stdout == "ct201\n"
+        res = pct(status, "shutdown", DECOY_CT, "--timeout", "60", timeout=90)
         assert (res.returncode, res.stderr) == (0, "")
-        assert pct(status, "status", "201").stdout == "status: stopped\n"
-        res = pct(status, "stop", "201")
-        assert (res.returncode, res.stderr) == (255, "CT 201 not running\n")
+        assert pct(status, "status", DECOY_CT).stdout == "status: stopped\n"
+        res = pct(status, "stop", DECOY_CT)
+        assert (res.returncode, res.stderr) == (255, f"CT {DECOY_CT} not running\n")
     finally:
-        if pct(status, "status", "201").stdout != "status: stopped\n":
-            pct(status, "stop", "201", timeout=90)
+        if pct(status, "status", DECOY_CT).stdout != "status: stopped\n":
+            pct(status, "stop", DECOY_CT, timeout=90)
 
 
 # ---------------------------------------------------------------- inside CT200
@@ -217,7 +227,7 @@ def test_tmux_capture_pane_shows_training_steps(status):
     # other suites stop and restart the shared trainer: look again (bounded) if one just did
     for _attempt in range(3):
         ensure_trainer(status)
-        res = pct(status, "exec", "200", "--", "tmux", "capture-pane", "-p", "-t", "dflash")
+        res = pct(status, "exec", MAIN_CT, "--", "tmux", "capture-pane", "-p", "-t", "dflash")
         if re.search(r"^step \d+ \| [\d.]+ Ktok/s", res.stdout, re.M):
             return
     pytest.fail("no step line in the dflash pane:\n" + res.stdout)
@@ -225,7 +235,7 @@ def test_tmux_capture_pane_shows_training_steps(status):
 
 def test_eight_busy_gpus_in_the_container(status):
     ensure_trainer(status)
-    res = pct(status, "exec", "200", "--", "nvidia-smi", "--query-gpu=index,memory.used",
+    res = pct(status, "exec", MAIN_CT, "--", "nvidia-smi", "--query-gpu=index,memory.used",
               "--format=csv,noheader,nounits")
     rows = [line.split(", ") for line in res.stdout.splitlines()]
     assert [int(row[0]) for row in rows] == list(range(8)), res.stdout + res.stderr
@@ -233,18 +243,18 @@ def test_eight_busy_gpus_in_the_container(status):
 
 
 def test_decoys_run_in_ct200(status):
-    res = pct(status, "exec", "200", "--", "ps", "-eo", "args")
+    res = pct(status, "exec", MAIN_CT, "--", "ps", "-eo", "args")
     lines = res.stdout.splitlines()
     assert "/usr/bin/python3 /usr/bin/networkd-dispatcher --run-startup-triggers" in lines
     assert "vi /opt/lab/trainer/fake_trainer.py" in lines
     assert "watch -n 5 nvidia-smi" in lines
-    unit = pct(status, "exec", "200", "--", "systemctl", "is-active", "networkd-dispatcher.service")
+    unit = pct(status, "exec", MAIN_CT, "--", "systemctl", "is-active", "networkd-dispatcher.service")
     assert unit.stdout == "active\n"
 
 
 def test_lab_trainer_restart_ends_only_the_recorded_trainer(status):
     before = ensure_trainer(status)["trainer"]
-    decoys_before = pct(status, "exec", "200", "--", "pgrep", "-f", "networkd-dispatcher|^vi |^watch ").stdout
+    decoys_before = pct(status, "exec", MAIN_CT, "--", "pgrep", "-f", "networkd-dispatcher|^vi |^watch ").stdout
     after = trainer("graceful")  # as recorded under the lab's lock (other suites may restart it next)
     old = [before["host_pids"]["launcher"], before["host_pids"]["pane_shell"], *before["host_pids"]["workers"]]
     new = [after["host_pids"]["launcher"], after["host_pids"]["pane_shell"], *after["host_pids"]["workers"]]
@@ -256,5 +266,5 @@ def test_lab_trainer_restart_ends_only_the_recorded_trainer(status):
                 assert handle.read().rsplit(")", 1)[1].split()[0] == "Z"
         except FileNotFoundError:
             pass
-    decoys_after = pct(status, "exec", "200", "--", "pgrep", "-f", "networkd-dispatcher|^vi |^watch ").stdout
+    decoys_after = pct(status, "exec", MAIN_CT, "--", "pgrep", "-f", "networkd-dispatcher|^vi |^watch ").stdout
     assert decoys_after == decoys_before and decoys_after.count("\n") == 3

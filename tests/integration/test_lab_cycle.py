@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import socket
 import subprocess
 
 import pytest
 
-from tests.support.lab import lab_cli
+from tests.support.lab import DECOY_CT, MAIN_CT, lab_cli
+from tests.support.paths import LANE
 
 pytestmark = [
     pytest.mark.lab,
@@ -61,7 +63,10 @@ def in_lab_mntns(pid: int, mntns: str, ns_dir: str) -> bool:
 def in_lab_cgroup(pid: int) -> bool:
     with open("/proc/%d/cgroup" % pid, encoding="utf-8") as handle:
         text = handle.read()
-    return "lxc.payload.200" in text or "lxc.payload.201" in text or "lxc.monitor.20" in text
+    # the lane's two containers (CT200, CT201 in lane 0); their monitors by the VMIDs' common prefix ("20")
+    monitors = os.path.commonprefix([MAIN_CT, DECOY_CT])
+    return ("lxc.payload.%s" % MAIN_CT in text or "lxc.payload.%s" % DECOY_CT in text
+            or "lxc.monitor.%s" % monitors in text)
 
 
 def test_down_leaves_nothing_and_up_restores(tmp_path):
@@ -73,6 +78,8 @@ def test_down_leaves_nothing_and_up_restores(tmp_path):
         assert up.returncode == 0, up.stderr
         before = json.loads(lab_cli("status", timeout=900).stdout)
     lab_dir = before["lab_dir"]
+    # `lab down` acts on this process's lane ($GPUOPS_LAB_LANE) only: the other lanes' labs stay up
+    assert before["lane"]["index"] == LANE.index, before["lane"]
     with open(os.path.join(lab_dir, "supervisor.json"), encoding="utf-8") as handle:
         sup = json.load(handle)
     mntns = sup["mntns"]
@@ -92,7 +99,8 @@ def test_down_leaves_nothing_and_up_restores(tmp_path):
         assert left_in_ns == []
         assert processes_matching(in_lab_cgroup) == []
         with open("/proc/self/mountinfo", encoding="utf-8") as handle:
-            assert lab_dir not in handle.read()
+            # the lane's directory or anything below it (lane 0's path is a prefix of the other lanes')
+            assert not re.search(re.escape(lab_dir) + r"(?=[/\s]|$)", handle.read(), re.M)
         assert not os.path.exists(lab_dir)
         ls = subprocess.run(["lxc-ls", "-P", os.path.join(lab_dir, "lxc")], capture_output=True, text=True, check=False)
         assert ls.stdout.strip() == ""
@@ -100,17 +108,17 @@ def test_down_leaves_nothing_and_up_restores(tmp_path):
             if user != "root":
                 with pytest.raises(KeyError):
                     pwd.getpwnam(user)
-        assert not os.path.exists("/etc/sudoers.d/gpuops-lab")
+        assert not os.path.exists(LANE.sudoers)  # /etc/sudoers.d/gpuops-lab in lane 0
         with pytest.raises(OSError):
             socket.create_connection((before["host"], before["port"]), timeout=2).close()
         assert all(os.path.isdir(c) for c in cache), "the rootfs cache stays"
 
         after_down = json.loads(lab_cli("status", timeout=900).stdout)
         assert after_down["up"] is False
-        assert after_down["containers"] == {"200": "absent", "201": "absent"}
+        assert after_down["containers"] == {MAIN_CT: "absent", DECOY_CT: "absent"}
     finally:
         up = lab_cli("up", timeout=900)
     assert up.returncode == 0, up.stderr
     after = json.loads(lab_cli("status", timeout=900).stdout)
-    assert after["up"] and after["containers"] == {"200": "running", "201": "stopped"}
+    assert after["up"] and after["containers"] == {MAIN_CT: "running", DECOY_CT: "stopped"}
     assert after["trainer"]["running"] and after["trainer"]["behaviour"] == "graceful"

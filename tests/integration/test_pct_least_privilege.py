@@ -34,7 +34,7 @@ import pytest
 
 from tests.support.ct200 import ct_init_pid, ct_processes, decoy_pids, gpu_used, lock_holder, trainer_pids
 from tests.support.datagen import WORK, generated_rows, reset_pipeline, wait_pipeline_finished
-from tests.support.lab import lab_status, restore_trainer, trainer
+from tests.support.lab import MAIN_CT, SUDO_USER, lab_status, restore_trainer, trainer
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import run_playbook
 from tests.support.ssh import attach
@@ -52,7 +52,7 @@ def lab(lab):
     restore_trainer()
 
 
-PVEOPS = {"ansible_user": "pveops"}
+PVEOPS = {"ansible_user": SUDO_USER}  # pveops in lane 0
 SUDO_PCT = ["sudo", "-n", "/usr/sbin/pct"]
 # both halves: the stop ladder kept short, sglang_datagen with the lab inventory's settings
 WHOLE = dict(STUBBORN, repurpose_datagen=True)
@@ -94,7 +94,7 @@ def summary(tasks: dict) -> str:
 
 def only_pct_rule(status: dict) -> None:
     users = status.get("users", {})
-    assert users.get("pveops", {}).get("sudo") == "NOPASSWD: /usr/sbin/pct", users
+    assert users.get(SUDO_USER, {}).get("sudo") == "NOPASSWD: /usr/sbin/pct", users
 
 
 def on_the_pve_host(tasks: dict, status: dict) -> dict[str, list[dict]]:
@@ -122,7 +122,7 @@ def only_pct_through_sudo_as_pveops(tasks: dict, status: dict) -> None:
         for result in results:
             if result.get("skipped"):
                 continue
-            assert result["_ansible_delegated_vars"].get("ansible_user") == "pveops", (name, result)
+            assert result["_ansible_delegated_vars"].get("ansible_user") == SUDO_USER, (name, result)
             assert result.get("cmd", [])[:3] == SUDO_PCT, (name, result)
 
 
@@ -150,7 +150,7 @@ def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     assert pre["cmd"][:3] == SUDO_PCT and pre["ct_status"] == "running", pre
     only_pct_through_sudo_as_pveops(tasks, lab)
     text = summary(tasks)
-    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free" in text, text
+    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free" in text, text
     assert not trainer_pids(lab)
     assert decoy_pids(lab) == decoys
     assert max(gpu_used(lab).values()) <= 512
@@ -187,32 +187,34 @@ def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
         assert rc == 0, err[-3000:]
         only_pct_through_sudo_as_pveops(tasks, lab)
         reboot = task(tasks, "Restart | pct reboot (bounded by stop_training_restart_timeout)")
-        assert reboot["failed"] and reboot["cmd"] == SUDO_PCT + ["reboot", "200", "--timeout", "8"], reboot
+        assert reboot["failed"] and reboot["cmd"] == SUDO_PCT + ["reboot", MAIN_CT, "--timeout", "8"], reboot
         assert "container did not stop" in reboot["stderr_lines"], reboot
         # the reboot really ran into the fault: pct's own timeout messages, then the role says it falls back
-        assert "lxc-stop -n 200 --timeout 8" in reboot["stderr"] and "failed: got timeout" in reboot["stderr"], reboot
+        assert (f"lxc-stop -n {MAIN_CT} --timeout 8" in reboot["stderr"]
+                and "failed: got timeout" in reboot["stderr"]), reboot
         said = task(tasks, "Restart | Say that pct reboot did not complete")["msg"]
-        assert said == ("pct reboot 200 did not complete (container did not stop): falling back to pct stop + "
+        assert said == (f"pct reboot {MAIN_CT} did not complete (container did not stop): falling back to pct stop + "
                         "pct start"), said
         stop = task(tasks, "Restart | pct stop after the failed reboot")
         start = task(tasks, "Restart | pct start")
-        assert stop["changed"] and stop["cmd"] == SUDO_PCT + ["stop", "200"] and stop["ct_status"] == "stopped", stop
-        assert start["changed"] and start["cmd"] == SUDO_PCT + ["start", "200"] and start["ct_status"] == "running", start
+        assert stop["changed"] and stop["cmd"] == SUDO_PCT + ["stop", MAIN_CT] and stop["ct_status"] == "stopped", stop
+        assert (start["changed"] and start["cmd"] == SUDO_PCT + ["start", MAIN_CT]
+                and start["ct_status"] == "running"), start
         polled = task(tasks, "Restart | Wait until the container is running again")
-        assert polled["cmd"] == SUDO_PCT + ["status", "200"] and polled["ct_status"] == "running"
+        assert polled["cmd"] == SUDO_PCT + ["status", MAIN_CT] and polled["ct_status"] == "running"
         text = summary(tasks)
-        assert ("LAST RUNG WAS NEEDED: CT 200 was restarted from lab-pve (pct stop + pct start"
+        assert (f"LAST RUNG WAS NEEDED: CT {MAIN_CT} was restarted from lab-pve (pct stop + pct start"
                 " (pct reboot failed or timed out: container did not stop)) because GPU memory stayed held") in text, text
-        assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free (after a container restart)" in text, text
+        assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free (after a container restart)" in text, text
         assert (stats.get("failures", 0), stats.get("rescued", 0)) == (0, 1), stats
         # CT200 is back: running, a new init, the holder gone, the GPUs free, no trainer, the lock free
-        assert lab_status()["containers"]["200"] == "running"
+        assert lab_status()["containers"][MAIN_CT] == "running"
         assert ct_init_pid(lab) not in (None, init_before)
         assert not {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a}
         assert max(gpu_used(lab).values()) <= 512
         assert not trainer_pids(lab)
         assert lock_holder(lab) is None
     finally:
-        if (lab_status() or {}).get("containers", {}).get("200") == "running":
+        if (lab_status() or {}).get("containers", {}).get(MAIN_CT) == "running":
             for pid in {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a} & stray:
                 ct(lab, "kill", "-KILL", str(pid), check=False)

@@ -18,18 +18,19 @@ from pathlib import Path
 import pytest
 
 from tests.support.inventory import pct_ssh_hostvars
+from tests.support.lab import SUDO_USER
 from tests.support.playbook import run_json_play
 from tests.support.ssh import on_host
 from tests.support.stop_faults import stop_masters
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
-# name -> (host user, pipelining, transfer method, include the 200 MB file)
+# name -> (host user, pipelining, transfer method, include the 200 MB file); the sudo user is pveops in lane 0
 MATRIX = {
     "root_pipelined": ("root", True, "auto", True),
     "root_plain": ("root", False, "auto", False),
-    "pveops_pipelined": ("pveops", True, "auto", False),
-    "pveops_plain": ("pveops", False, "auto", True),
+    "pveops_pipelined": (SUDO_USER, True, "auto", False),
+    "pveops_plain": (SUDO_USER, False, "auto", True),
     "root_cat": ("root", False, "cat", True),
     "root_direct": ("root", True, "auto", False),  # control_persist=0: no master, a connection per task
 }
@@ -191,7 +192,7 @@ def test_each_login_has_its_own_private_connection(suite):
     """root's hosts and pveops' hosts never share a logged-in connection; sockets 0600 in a 0700 directory."""
     logins = dict(suite[0]["_master_logins"])
     assert logins.pop("_dir_mode") == "0o700"
-    assert sorted(who for _mode, who in logins.values()) == ["pveops", "root"]
+    assert sorted(who for _mode, who in logins.values()) == sorted([SUDO_USER, "root"])
     assert {mode for mode, _who in logins.values()} == {"0o600"}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.inventory import pct_ssh_hostvars as base_vars
-from tests.support.lab import lab_status, require_stopped
+from tests.support.lab import DECOY_CT, MAIN_CT, NOSUDO_USER, lab_status, require_stopped
 from tests.support.playbook import run_json_play
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
@@ -26,15 +26,17 @@ def cases(status: dict, tmp: Path) -> dict:
     empty_known = tmp / "empty_known_hosts"
     empty_known.write_text("")
     return {
-        "vmid_injection": (base_vars(status, proxmox_vmid="200; reboot"), ["proxmox_vmid"]),
+        "vmid_injection": (base_vars(status, proxmox_vmid=f"{MAIN_CT}; reboot"), ["proxmox_vmid"]),
         "vmid_missing": (base_vars(status, proxmox_vmid=999), ["container 999 does not exist on 127.0.0.1"]),
-        "ct_stopped": (base_vars(status, proxmox_vmid=201), ["container 201 on", "is stopped", "ensure_running"]),
+        "ct_stopped": (base_vars(status, proxmox_vmid=int(DECOY_CT)),
+                       [f"container {DECOY_CT} on", "is stopped", "ensure_running"]),
         "wrong_key": (base_vars(status, ansible_ssh_private_key_file=str(wrong_key), ansible_pct_ssh_look_for_keys=False),
                       ["login to the Proxmox VE host 127.0.0.1:%s as root failed" % status["port"]]),
         "unknown_host_key": (base_vars(status, ansible_pct_ssh_known_hosts_file=str(empty_known)),
                              ["is not in %s" % empty_known, "SHA256:", "host_key_auto_add"]),
-        "sudo_rule_missing": (base_vars(status, ansible_user="pvenosudo"),
-                              ["host user pvenosudo may not run pct", "`pvenosudo ALL=(root) NOPASSWD: /usr/sbin/pct`"]),
+        "sudo_rule_missing": (base_vars(status, ansible_user=NOSUDO_USER),
+                              [f"host user {NOSUDO_USER} may not run pct",
+                               f"`{NOSUDO_USER} ALL=(root) NOPASSWD: /usr/sbin/pct`"]),
         "unreachable": (base_vars(status, ansible_port=1), ["cannot reach the Proxmox VE host 127.0.0.1:1"]),
     }
 
@@ -80,4 +82,4 @@ def test_unknown_host_key_accepted_and_recorded_only_when_asked(outcome):
 
 
 def test_stopped_container_was_not_started(outcome):
-    assert lab_status()["containers"]["201"] == "stopped"
+    assert lab_status()["containers"][DECOY_CT] == "stopped"

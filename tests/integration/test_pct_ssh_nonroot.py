@@ -18,11 +18,13 @@ import pytest
 
 from tests.support.inventory import pct_ssh_hostvars as base_vars
 from tests.support.inventory import write_inventory
+from tests.support.lab import SUDO_USER
 from tests.support.paths import PLAYBOOKS
 from tests.support.playbook import ansible_env, run_json_play, run_playbook
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
 
+# as the lane's sudo user (pveops in lane 0)
 HOSTS = {"pveops_pipelined": True, "pveops_plain": False}
 
 
@@ -34,7 +36,7 @@ def results(lab, tmp_path_factory):
     hosts = {
         name: base_vars(
             status,
-            ansible_user="pveops",
+            ansible_user=SUDO_USER,
             ansible_pipelining=pipelining,
             it_template=str(template),
             it_fetch=str(tmp / "fetched" / name),
@@ -68,7 +70,7 @@ def test_copy_and_template_go_through_roots_home(results, host):
         assert res["src"].startswith("/root/.ansible/tmp/ansible-tmp-"), (task, res["src"])
     assert r["copy to a ~ path"][host]["dest"] == "/root/pct_ssh_nonroot-%s" % host
     assert (tmp / "fetched" / host / "home.txt").read_text() == "home %s\n" % host
-    assert (tmp / "fetched" / host / "templated.txt").read_text() == "templated %s for pveops\n" % host
+    assert (tmp / "fetched" / host / "templated.txt").read_text() == "templated %s for %s\n" % (host, SUDO_USER)
 
 
 @pytest.mark.parametrize("host", sorted(HOSTS))
@@ -83,7 +85,7 @@ def test_ssh_only_variables_are_warned_about_once_and_change_nothing(lab, tmp_pa
     """An inventory written for ssh (ansible_ssh_pipelining=false): one warning per name, and the tasks still run."""
     hosts = {
         name: base_vars(lab, ansible_user=user, ansible_ssh_pipelining=False, ansible_ssh_transfer_method="scp")
-        for name, user in (("as_root", "root"), ("as_pveops", "pveops"))
+        for name, user in (("as_root", "root"), ("as_pveops", SUDO_USER))
     }
     inventory = write_inventory(tmp_path / "inv.json", hosts)
     done = run_playbook("id_twice", inventory, env=ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp")),

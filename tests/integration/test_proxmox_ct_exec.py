@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support.inventory import openssh_hostvars
-from tests.support.lab import lab_status, require_stopped
+from tests.support.lab import DECOY_CT, MAIN_CT, lab_status, require_stopped
 from tests.support.playbook import run_json_play
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
@@ -25,14 +25,15 @@ def results(lab, tmp_path_factory):
     require_stopped(status)
     tmp = tmp_path_factory.mktemp("proxmox_ct_exec")
     hosts = {"pve": openssh_hostvars(status)}
-    out = run_json_play(tmp, hosts, "proxmox_ct_exec", [{"it_argv": ["printf", "%s\\n"] + HOSTILE}], timeout=400)
+    extra = {"it_argv": ["printf", "%s\\n"] + HOSTILE, "it_main_ct": int(MAIN_CT), "it_decoy_ct": int(DECOY_CT)}
+    out = run_json_play(tmp, hosts, "proxmox_ct_exec", [extra], timeout=400)
     return {name: host["pve"] for name, host in out.items()}
 
 
 def test_check_mode_reports_and_runs_nothing(results):
     r = results["check mode"]
     assert r["changed"] and "would run" in r["msg"]
-    assert r["cmd"][:4] == ["/usr/sbin/pct", "exec", "200", "--"]
+    assert r["cmd"][:4] == ["/usr/sbin/pct", "exec", MAIN_CT, "--"]
     assert results["marker after check mode"]["rc"] == 1
 
 
@@ -88,7 +89,7 @@ def test_stopped_container_fails_without_ensure_running(results):
 
 
 def test_ensure_running_check_mode_starts_nothing(results):
-    assert "would start container 201" in results["stopped, check mode"]["msg"]
+    assert f"would start container {DECOY_CT}" in results["stopped, check mode"]["msg"]
     assert results["status after check mode"]["stdout"] == "status: stopped"
 
 
@@ -104,4 +105,4 @@ def test_no_marker_from_refused_or_check_mode_runs(results):
 
 
 def test_lab_left_as_found(results):
-    assert lab_status()["containers"] == {"200": "running", "201": "stopped"}
+    assert lab_status()["containers"] == {MAIN_CT: "running", DECOY_CT: "stopped"}

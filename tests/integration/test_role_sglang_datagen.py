@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import time
 
 import pytest
@@ -41,7 +42,9 @@ from tests.support.datagen import (
     server_metrics,
     wait_pipeline_finished,
 )
+from tests.support.lab import DATAGEN_HOST
 from tests.support.net import http
+from tests.support.paths import LANE, lanes
 from tests.support.playbook import changed_tasks, task_output
 from tests.support.ssh import attach as in_ct
 
@@ -70,6 +73,17 @@ for table in ("/proc/net/tcp", "/proc/net/tcp6"):
             out.append(local.rsplit(":", 1)[0])
 print(json.dumps(sorted(out)))
 """
+
+
+def listener_hex(addr):
+    """An IPv4 address as /proc/net/tcp writes a local address (little-endian hex: 127.0.0.1 is 0100007F)."""
+    return socket.inet_aton(addr)[::-1].hex().upper()
+
+
+# the other lab lanes' datagen addresses: the containers share this machine's network, so /proc/net/tcp in
+# CT200 also lists the listeners of other lanes' routers (each on its own lane's address)
+OTHER_LANES_HEX = {listener_hex(addr) for index in range(lanes.MAX_LANES) if index != LANE.index
+                   for addr in lanes.lane(index).datagen_hosts}
 
 
 def listeners(lab, port):
@@ -105,7 +119,7 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     prompts = in_ct(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()
     assert len(rows) == len(prompts) == 100
     assert len({r["id"] for r in rows}) == 100
-    assert {r["server"] for r in rows} == {"http://127.0.0.1:30000"}  # through the router
+    assert {r["server"] for r in rows} == {f"http://{DATAGEN_HOST}:30000"}  # through the router
     assert all(r["model"] == "lab-model" and r["messages"][-1]["role"] == "assistant" for r in rows)
 
     # the router answered nothing itself: the 100 requests reached the workers, every one of them
@@ -117,13 +131,14 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
     assert router_workers() == {url: True for url in WORKERS}
     argv = in_ct(lab, "systemctl", "show", "-p", "ExecStart", "sglang-datagen-router.service").stdout
     assert "sglang_router.launch_router" in argv and "standin" not in argv, argv
-    assert "--prometheus-host 127.0.0.1" in argv and "--worker-startup-timeout-secs 1800" in argv, argv
+    assert f"--prometheus-host {DATAGEN_HOST}" in argv and "--worker-startup-timeout-secs 1800" in argv, argv
     version = in_ct(lab, "/opt/datagen/venv/bin/python", "-c",
                     "import importlib.metadata as m; print(m.version('sglang-router'))").stdout.strip()
     assert version == "0.3.2"
     assert in_ct(lab, "/opt/datagen/venv/bin/python", "-m", "pip", "check", check=False).returncode == 0
-    # the router's metrics listener: 127.0.0.1:29000 only (sglang-router binds 0.0.0.0 unless told)
-    assert listeners(lab, 29000) == ["0100007F"]
+    # the router's metrics listener: the lane's datagen address (127.0.0.1 in lane 0), port 29000 only
+    # (sglang-router binds 0.0.0.0 unless told)
+    assert [addr for addr in listeners(lab, 29000) if addr not in OTHER_LANES_HEX] == [listener_hex(DATAGEN_HOST)]
     nofile = in_ct(lab, "systemctl", "show", "-p", "LimitNOFILE", "datagen-pipeline.service").stdout.strip()
     assert nofile == f"LimitNOFILE={2 * 16 + 1024}", nofile  # concurrency 16, one server (the router)
 
@@ -230,7 +245,7 @@ def test_role_waits_for_a_worker_held_back_then_fails_naming_it(lab):
                       text)
     assert found and found.group(1) == "1", done.stdout[-3000:]
     error = found.group(2)
-    assert "sglang-datagen-worker@5.service (http://127.0.0.1:31005): HTTP 503" in error, error
+    assert f"sglang-datagen-worker@5.service (http://{DATAGEN_HOST}:31005): HTTP 503" in error, error
     # the worker's own journal: its start, or (when the router restarted meanwhile) the router's gRPC probes,
     # which a worker still starting logs as uvicorn does
     assert "last journal lines:" in error, error

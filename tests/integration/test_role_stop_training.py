@@ -30,7 +30,7 @@ from tests.support.ct200 import (
     pane_pids,
     trainer_pids,
 )
-from tests.support.lab import lab_status, require_stopped, restore_trainer, trainer
+from tests.support.lab import DECOY_CT, MAIN_CT, lab_status, require_stopped, restore_trainer, trainer
 from tests.support.paths import ROOT
 from tests.support.playbook import ansible_env, read_until, recap
 from tests.support.ssh import in_ct as ct
@@ -50,7 +50,7 @@ def lab(lab):
 # ---------------------------------------------------------------- tests
 
 BAD = [
-    pytest.param({"stop_training_vmid": "200; reboot"}, "stop_training_vmid", id="vmid-not-a-number"),
+    pytest.param({"stop_training_vmid": f"{MAIN_CT}; reboot"}, "stop_training_vmid", id="vmid-not-a-number"),
     pytest.param({"proxmox_vmid": "abc"}, "stop_training_vmid", id="inventory-vmid-not-a-number"),
     pytest.param({"stop_training_ladder": [{"signal": "SIGFOO", "timeout": 5}]}, "SIGFOO", id="unknown-signal"),
     pytest.param({"stop_training_ladder": [{"signal": "SIGTERM", "timeout": -1}]}, "every rung timeout must be >= 0",
@@ -183,10 +183,10 @@ def test_gpu_memory_never_freed_fails_naming_holder_then_restart_rung_recovers(l
 
     rc, out = play({"stop_training_gpu_timeout": 10, "stop_training_restart_container": True})
     assert rc == 0, out
-    assert "LAST RUNG WAS NEEDED: CT 200 was restarted" in out
+    assert f"LAST RUNG WAS NEEDED: CT {MAIN_CT} was restarted" in out
     assert not {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a}
     assert max(gpu_used(lab).values()) <= 512
-    assert lab_status()["containers"]["200"] == "running"
+    assert lab_status()["containers"][MAIN_CT] == "running"
 
 
 def test_orphaned_ranks_of_a_killed_launcher_are_named_never_success_then_stopped(lab):
@@ -247,14 +247,14 @@ def test_stopped_container_is_reported_not_started_and_other_hosts_carry_on(lab,
     require_stopped(lab_status() or lab)
     trainer("graceful")
     extra = tmp_path / "ct201.yml"
-    extra.write_text(json.dumps({"training_containers": {"hosts": {"ct201": {"proxmox_vmid": 201}}}}))
+    extra.write_text(json.dumps({"training_containers": {"hosts": {"ct201": {"proxmox_vmid": int(DECOY_CT)}}}}))
     cmd = argv(None, "-i", str(extra), "-e", "repurpose_serial=2")
     done = subprocess.run(cmd, cwd=ROOT, env=ansible_env(), capture_output=True, text=True, timeout=600, check=False)
     out = done.stdout + done.stderr
     assert done.returncode != 0
-    assert "CT 201 on lab-pve is stopped" in out and "never starts a container" in out
+    assert f"CT {DECOY_CT} on lab-pve is stopped" in out and "never starts a container" in out
     assert recap(out, "ct201")["failed"] == 1
     assert recap(out, "ct200")["failed"] == 0
-    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free" in out
-    assert lab_status()["containers"]["201"] == "stopped"
+    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free" in out
+    assert lab_status()["containers"][DECOY_CT] == "stopped"
     assert not trainer_pids(lab)

@@ -18,14 +18,17 @@ import subprocess
 
 import pytest
 
-from tests.support.paths import BIN, ROOT
+from tests.support.paths import BIN, LAB_INVENTORY, ROOT
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 
 @pytest.mark.parametrize("scenario", ["graceful", "stubborn", "orphans", "slow_checkpoint"])
 def test_molecule_scenario(lab, scenario):
-    env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_NOCOLOR="1", NO_COLOR="1")
+    # the lane's lab inventory (extensions/molecule/config.yml reads GPUOPS_LAB_INVENTORY); the lab CLI the
+    # scenarios run finds the lane in GPUOPS_LAB_LANE, which tests/support/paths.py put in this environment
+    env = dict(os.environ, PATH="%s:%s" % (BIN, os.environ.get("PATH", "")), ANSIBLE_NOCOLOR="1", NO_COLOR="1",
+               GPUOPS_LAB_INVENTORY=str(LAB_INVENTORY))
     done = subprocess.run([str(BIN / "molecule"), "test", "-s", scenario], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=850, check=False)
     out = done.stdout + done.stderr

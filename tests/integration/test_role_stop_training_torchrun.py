@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.support.ct200 import ct_processes, decoy_pids, lock_holder, pane_pids
-from tests.support.lab import restore_trainer, trainer
+from tests.support.lab import MAIN_CT, restore_trainer, trainer
 from tests.support.paths import LAB_INVENTORY, ROOT
 from tests.support.playbook import recap, run_playbook
 from tests.support.ssh import in_ct as ct
@@ -99,7 +99,7 @@ def test_role_defaults_stop_a_tmux_new_session_torchrun_by_ctrl_c_and_nothing_el
     rc, out = role_defaults_play(lab)
 
     assert rc == 0, out
-    assert "RESULT: CT 200 on lab-pve: training stopped, GPUs free." in " ".join(out.split()), out
+    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free." in " ".join(out.split()), out
     # Ctrl-C typed into the job's pane stopped it: one rung, the job's 7 processes and nothing else.
     stopped = stopped_section(out)
     assert stopped.startswith("Stopped: %d process(es) by rung SIGINT via tmux in " % len(job_pids)), stopped

@@ -30,13 +30,15 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     container_vmid_from_cgroup,
     iter_processes,
 )
-from tests.support.lab import lab_cli, lab_lock
+from tests.support.lab import DECOY_CT, MAIN_CT, lab_cli, lab_lock
 from tests.support.paths import TRAINER_DIR
 from tests.support.playbook import run_adhoc
 from tests.support.ssh import on_host as ssh
 from tests.support.wait import wait_for
 
 TRAINER = str(TRAINER_DIR / "fake_trainer.py")
+# the lane's containers as the module and /proc/PID/cgroup number them: CT200 and CT201 in lane 0
+MAIN_VMID, DECOY_VMID = int(MAIN_CT), int(DECOY_CT)
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 
@@ -52,6 +54,13 @@ def trainer_procs(vmid: int) -> dict[int, int]:
         if container_vmid_from_cgroup(info.cgroup) == vmid and re.search(PRECISE, info.command):
             found[info.pid] = info.starttime
     return found
+
+
+def trainer_containers() -> set[int]:
+    """The containers (VMIDs) that run the fake trainer's command line: this lane's CT200, its CT201 twin and
+    CT210 when the two-node lab is up, and any other lab lane's containers (one machine plays every lane's hosts)."""
+    return {vmid for vmid in (container_vmid_from_cgroup(info.cgroup) for info in iter_processes()
+                              if re.search(PRECISE, info.command)) if vmid is not None}
 
 
 def same(procs: dict[int, int]) -> bool:
@@ -81,21 +90,21 @@ def trainer_behaviour(procs: dict[int, int]) -> str | None:
 @pytest.fixture
 def twin(lab):
     """CT201 running CT200's exact trainer command line; CT201 restored afterwards."""
-    before = lab["containers"].get("201")
+    before = lab["containers"].get(DECOY_CT)
     command = lab["trainer"]["command"]
     started: dict[int, int] = {}
     try:
         if before != "running":
-            ssh(lab, "pct", "start", "201")
-            wait_for(lambda: "running" in ssh(lab, "pct", "status", "201").stdout, 60, "CT201 running")
-        ssh(lab, "pct", "exec", "201", "--", "mkdir", "-p", "/opt/lab/trainer", "/root/dflash/checkpoints")
-        ssh(lab, "pct", "push", "201", TRAINER, "/opt/lab/trainer/fake_trainer.py")
+            ssh(lab, "pct", "start", DECOY_CT)
+            wait_for(lambda: "running" in ssh(lab, "pct", "status", DECOY_CT).stdout, 60, f"CT{DECOY_CT} running")
+        ssh(lab, "pct", "exec", DECOY_CT, "--", "mkdir", "-p", "/opt/lab/trainer", "/root/dflash/checkpoints")
+        ssh(lab, "pct", "push", DECOY_CT, TRAINER, "/opt/lab/trainer/fake_trainer.py")
         # the same argv; only the environment differs (private fake GPUs inside CT201)
         script = ("export FAKEGPU_DIR=/tmp/fakegpu-ct201; python3 /opt/lab/fakegpu/fakegpu.py init --count 8 >/dev/null;"
                   " cd /root/dflash; setsid %s </dev/null >/tmp/trainer.log 2>&1 &" % command)
-        ssh(lab, "pct", "exec", "201", "--", "sh", "-c", script)
-        started.update(wait_for(lambda: len(trainer_procs(201)) == 9 and trainer_procs(201), 60,
-                                "CT201 trainer with 8 workers"))
+        ssh(lab, "pct", "exec", DECOY_CT, "--", "sh", "-c", script)
+        started.update(wait_for(lambda: len(trainer_procs(DECOY_VMID)) == 9 and trainer_procs(DECOY_VMID), 60,
+                                f"CT{DECOY_CT} trainer with 8 workers"))
         yield started
     finally:
         for pid, start in started.items():
@@ -106,15 +115,15 @@ def twin(lab):
             except ProcessLookupError:
                 pass
         if before != "running":
-            ssh(lab, "pct", "stop", "201", check=False)
+            ssh(lab, "pct", "stop", DECOY_CT, check=False)
 
 
 def ensure_ct200_trainer(lab: dict) -> dict[int, int]:
-    procs = trainer_procs(200)
+    procs = trainer_procs(MAIN_VMID)
     if len(procs) != 9:
         behaviour = lab.get("trainer", {}).get("behaviour") or "graceful"
         lab_cli("trainer", behaviour)
-        procs = trainer_procs(200)
+        procs = trainer_procs(MAIN_VMID)
     return procs
 
 
@@ -125,40 +134,44 @@ EXPECTED = {"graceful": "SIGINT", "slow_checkpoint": "SIGINT", "orphans": "SIGTE
 def test_container_scope_stops_ct200_only(lab, twin):
     """Other tests share CT200's trainer; the lab lock keeps 'lab trainer' away, and a run that another test
     disturbed anyway (its trainer changed before the real stop) is retried, then skipped with the reason."""
-    ckpt = os.path.join(lab["lxcpath"], "200", "rootfs", "root", "dflash", "checkpoints")
+    ckpt = os.path.join(lab["lxcpath"], MAIN_CT, "rootfs", "root", "dflash", "checkpoints")
     try:
         for _attempt in range(3):
             ensure_ct200_trainer(lab)
             with lab_lock(lab):
-                ct200 = trainer_procs(200)
+                ct200 = trainer_procs(MAIN_VMID)
                 behaviour = trainer_behaviour(ct200)
                 if len(ct200) != 9 or behaviour not in EXPECTED:
                     continue
                 # the same regex without the scope is one job per container running it (CT200, its CT201 twin,
                 # and CT210 when the two-node lab is up: one machine plays both hosts, so this host sees its
-                # processes too): refused, nothing signalled
-                jobs = sum(1 for vmid in (200, 201, 210) if trainer_procs(vmid))
+                # processes too; so are other lab lanes' containers): refused, nothing signalled
+                jobs = trainer_containers()
                 broad = module_on_host(lab, {"match": PRECISE, "ladder": LADDER})
+                if trainer_containers() != jobs:
+                    continue  # another lane's trainer started or stopped meanwhile: its count is not judged
                 assert broad["ansible_rc"] != 0 and broad["msg"].startswith(
-                    "match hits %d unrelated process groups" % jobs), (jobs, broad["msg"])
+                    "match hits %d unrelated process groups" % len(jobs)), (jobs, broad["msg"])
                 # a loose regex inside CT200 also hits the lab's editor decoy (vi with the script open): refused
-                loose = module_on_host(lab, {"container": 200, "match": r"fake_trainer\.py", "ladder": LADDER})
+                loose = module_on_host(lab, {"container": MAIN_VMID, "match": r"fake_trainer\.py",
+                                             "ladder": LADDER})
                 assert loose["ansible_rc"] != 0 and re.search(r"program vi\b", loose["msg"]), loose["msg"]
-                plan = module_on_host(lab, {"container": 200, "match": PRECISE, "ladder": LADDER}, check_mode=True)
+                plan = module_on_host(lab, {"container": MAIN_VMID, "match": PRECISE, "ladder": LADDER},
+                                      check_mode=True)
                 assert plan["ansible_rc"] == 0
                 assert same(twin), "CT201's trainer was touched"
                 if not same(ct200) or sorted(e["pid"] for e in plan["selected"]) != sorted(ct200):
                     continue  # another test restarted or stopped CT200's trainer meanwhile
                 t_before = time.time()
                 # progress_paths: the checkpoint directory as the PVE host sees it (the container's rootfs)
-                result = module_on_host(lab, {"container": 200, "match": PRECISE, "ladder": LADDER,
+                result = module_on_host(lab, {"container": MAIN_VMID, "match": PRECISE, "ladder": LADDER,
                                               "progress_paths": [ckpt], "progress_stall": 3})
                 assert result["ansible_rc"] == 0, result
                 assert sorted(e["pid"] for e in result["selected"]) == sorted(ct200)
                 assert result["stopped_by"] == EXPECTED[behaviour], (behaviour, result["rungs"])
                 assert result["unkillable"] == [] and result["pidfd"] is True and not same(ct200)
                 assert same(twin), "CT201's trainer was touched"
-                log = ssh(lab, "pct", "exec", "201", "--", "cat", "/tmp/trainer.log").stdout
+                log = ssh(lab, "pct", "exec", DECOY_CT, "--", "cat", "/tmp/trainer.log").stdout
                 assert "got SIG" not in log and "step " in log
                 if behaviour != "stubborn":
                     with open(os.path.join(ckpt, "latest")) as handle:

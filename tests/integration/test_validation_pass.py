@@ -21,7 +21,7 @@ import yaml
 
 from tests.support.ct200 import lock_holder, trainer_pids
 from tests.support.datagen import CONVERGE, LAB_VARS_FILE
-from tests.support.lab import trainer
+from tests.support.lab import MAIN_CT, NOSUDO_USER, trainer
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import run_playbook
 from tests.support.ssh import in_ct as ct
@@ -75,7 +75,8 @@ MISTAKES = [
     pytest.param({"stop_training_kill_timeout": "sixty"},
                  ['stop_training_kill_timeout="sixty" is not a number', "set stop_training_kill_timeout to a number"],
                  id="type-error-one-line"),
-    pytest.param({"stop_training_vmid": "200 "}, ['got "200 "', "proxmox_vmid"], id="vmid-with-a-space-quoted"),
+    pytest.param({"stop_training_vmid": f"{MAIN_CT} "}, [f'got "{MAIN_CT} "', "proxmox_vmid"],
+                 id="vmid-with-a-space-quoted"),
     pytest.param({"stop_training_vmid": 999}, ["CT 999 does not exist on lab-pve", "pct list", "Set stop_training_vmid"],
                  id="vmid-no-such-container"),
     pytest.param({"stop_training_match": "fake_trainer(\\.py"},
@@ -83,14 +84,15 @@ MISTAKES = [
     pytest.param({"stop_training_exclude": ["[unclosed"]},
                  ["stop_training_exclude[0]=", "is not a valid regular expression"], id="bad-exclude-regex"),
     pytest.param({"stop_training_tmux_session": "dflsh"},
-                 ['stop_training_tmux_session="dflsh": no such tmux session in CT 200', "dflash",
+                 [f'stop_training_tmux_session="dflsh": no such tmux session in CT {MAIN_CT}', "dflash",
                   "still selects", "Ctrl-C cannot be delivered", "stop_training_missing_session=signal"],
                  id="tmux-session-typo"),
     pytest.param({"stop_training_tmux_sesion": "dflash", "stop_training_strict_vars": True},
                  ["stop_training_tmux_sesion is not a variable of this role (did you mean stop_training_tmux_session?)"],
                  id="variable-name-typo-strict"),
-    pytest.param({"ansible_user": "pvenosudo"},
-                 ["may not run /usr/sbin/pct", "pvenosudo ALL=(root) NOPASSWD: /usr/sbin/pct", "Nothing was signalled"],
+    pytest.param({"ansible_user": NOSUDO_USER},
+                 ["may not run /usr/sbin/pct", f"{NOSUDO_USER} ALL=(root) NOPASSWD: /usr/sbin/pct",
+                  "Nothing was signalled"],
                  id="non-root-pve-user"),
 ]
 

@@ -9,6 +9,10 @@ import time
 from typing import Any, Dict, List
 
 FIGURES = os.environ.get("GPUOPS_FAULTS_FIGURES", "/tmp/gpuops-faults-figures.json")
+# an xdist worker (one per lab lane) keeps its own file beside it; the controller merges them (merge)
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    FIGURES = "%s.%s.json" % (FIGURES[:-5] if FIGURES.endswith(".json") else FIGURES, _WORKER)
 # the repetition over points (every k, every rung); without it CI runs each fault kind at its chosen points
 FULL = os.environ.get("GPUOPS_FAULTS_FULL") == "1"
 
@@ -57,6 +61,24 @@ class Figures:
             self.waits.append({"wait": name, "seconds": round(seconds, 2), "bound": bound})
         self.save()
         assert seconds <= bound, "%s took %.2f s, past its bound of %.2f s" % (name, seconds, bound)
+
+    def as_dict(self) -> Dict[str, Any]:
+        with self.lock:
+            return {"faults": json.loads(json.dumps(self.faults)), "waits": list(self.waits), "notes": dict(self.notes)}
+
+    def merge(self, other: Dict[str, Any]) -> None:
+        """Add another ledger's figures (:meth:`as_dict`: an xdist worker's) to this one."""
+        with self.lock:
+            for name, fig in other.get("faults", {}).items():
+                mine = self.faults.setdefault(name, {"injected": 0, "survived": 0, "rows_lost": 0,
+                                                     "wrongly_signalled": 0})
+                for key in ("injected", "survived", "rows_lost", "wrongly_signalled"):
+                    mine[key] += fig.get(key, 0)
+                if "failure" in fig:
+                    mine["failure"] = fig["failure"]
+            self.waits.extend(other.get("waits", []))
+            self.notes.update(other.get("notes", {}))
+        self.save()
 
     def totals(self) -> Dict[str, Any]:
         longest = max(self.waits, key=lambda w: w["seconds"] / w["bound"], default=None)

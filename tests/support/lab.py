@@ -171,7 +171,7 @@ def reboot_hang_fault(status: dict, vmid: str = MAIN_CT) -> Iterator[Path]:
     """
     fresh = lab_status() or status
     path = Path(fresh.get("faults", {}).get("reboot_hang")
-                or os.path.join(status.get("lab_dir", "/var/lib/gpuops-lab"), "faults", "reboot-hang"))
+                or os.path.join(status.get("lab_dir", LANE.lab_dir), "faults", "reboot-hang"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(vmid + "\n", encoding="utf-8")
     try:

@@ -53,7 +53,7 @@ def load_script(path: Path, name: str) -> ModuleType:
 lanes = load_script(LAB_DIR / "lanes.py", "gpuops_lab_lanes")
 
 
-def select_lane(environ=os.environ) -> "lanes.Lane":
+def select_lane(environ=os.environ) -> lanes.Lane:
     """The lane of this test process, written to ENVIRON (GPUOPS_LAB_LANE; for lanes other than 0 also
     ANSIBLE_INVENTORY, so that an ansible command given no inventory is on the lane too)."""
     worker = re.fullmatch(r"gw(\d+)", environ.get("PYTEST_XDIST_WORKER", ""))
