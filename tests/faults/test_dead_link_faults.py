@@ -64,6 +64,7 @@ from tests.support import lab as lab_support
 from tests.support.faults import FULL
 from tests.support.paths import ROOT
 from tests.support.playbook import adhoc_argv, ansible_env, start_adhoc
+from tests.support.playbook import control_dir as cp_dir
 from tests.support.procfs import descendants, listening
 from tests.support.stop_faults import (
     RUNG_SIGNALS,
@@ -269,7 +270,7 @@ def test_link_cut_during_each_rung(lab, figures, tmp_path, cut, rung, behaviour)
     catchable = behaviour != "stubborn"
     steps = ladder(SAVE_S + 10 if catchable else RUNG_S)  # the save fits in the first rung
     ladder_s = sum(s["timeout"] for s in steps)
-    control_dir = str(tmp_path / "cp")
+    control_dir = str(cp_dir(tmp_path))
     env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
     frozen: list = []
     restarted: dict = {}
@@ -412,7 +413,7 @@ def test_controller_process_group_killed_during_the_sigterm_rung(lab, figures, t
     steps = ladder()
     steps[1] = dict(steps[1], timeout=ORPHAN_RUNG_S)
     assert ORPHAN_RUNG_S - CUT_INTO_S > WORKER_EXIT_BOUND_S + 3
-    control_dir = str(tmp_path / "cp")
+    control_dir = str(cp_dir(tmp_path))
     env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
     job, decoys_before = trainer_up(lab, "stubborn")
     with lab_support.lab_lock(lab):

@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.inventory import pct_ssh_hostvars
 from tests.support.lab import SUDO_USER
-from tests.support.playbook import run_json_play
+from tests.support.playbook import control_dir, run_json_play
 from tests.support.ssh import on_host
 from tests.support.stop_faults import stop_masters
 
@@ -76,9 +76,9 @@ def suite(lab, tmp_path_factory):
             hosts[name]["ansible_pct_ssh_control_persist"] = 600
     before = host_tmp_dirs(status)
     results = run_json_play(tmp, hosts, "pct_ssh_suite", [{"it_argv": ["printf", "%s\\n"] + HOSTILE_ARGV}])
-    results["_masters"] = masters(tmp / "cp")
-    results["_master_logins"] = master_logins(tmp / "cp", status)
-    stop_masters(str(tmp / "cp"))
+    results["_masters"] = masters(control_dir(tmp))
+    results["_master_logins"] = master_logins(control_dir(tmp), status)
+    stop_masters(str(control_dir(tmp)))
     return results, src, tmp, before
 
 

@@ -29,7 +29,7 @@ from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
 from tests.support import stop_training as stop
 from tests.support.ct200 import trainer_pids
 from tests.support.lab import lab_cli, lab_lock, trainer
-from tests.support.playbook import ansible_env, recap
+from tests.support.playbook import ansible_env, control_dir, recap
 from tests.support.stop_faults import master_pid, my_record, serving_sshd, stop_masters
 from tests.support.wait import wait_for
 
@@ -65,7 +65,7 @@ def playbook(env: dict) -> subprocess.Popen:
 def test_role_rerun_reports_the_ladder_its_dead_link_left_running(lab, stubborn, tmp_path):
     """The issue's hang: the host's sshd child killed during SIGTERM. The play fails within the bound; the
     re-run's summary says what the unwatched ladder did; a second re-run changes nothing."""
-    env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp"))
+    env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(control_dir(tmp_path)))
     with lab_lock(lab):
         wait_for(lambda: len(trainer_pids(lab)) == 9, 60, "the stubborn trainer (9 processes)")
         since = time.time() - 1
@@ -74,7 +74,7 @@ def test_role_rerun_reports_the_ladder_its_dead_link_left_running(lab, stubborn,
             record = wait_for(lambda: my_record(lab, since).get("state") == "running" and my_record(lab, since), 300,
                               "the role's ladder to start")
             time.sleep(max(0.0, record["started"] + CUT_AFTER_S - time.time()))
-            _client, pid = master_pid(str(tmp_path / "cp"))
+            _client, pid = master_pid(str(control_dir(tmp_path)))
             for victim in serving_sshd(lab, pid):
                 os.kill(victim, signal.SIGKILL)
             out, _err = play.communicate(timeout=BOUND_S + SLACK_S + 60)  # + the role's own end tasks
@@ -101,4 +101,4 @@ def test_role_rerun_reports_the_ladder_its_dead_link_left_running(lab, stubborn,
         out2, _err = again.communicate(timeout=600)
         assert again.returncode == 0 and recap(out2)["changed"] == 0, out2[-4000:]
         assert "stopped the job with SIGKILL" in re.sub(r"\s+", " ", out2)  # the same earlier run, reported again
-        stop_masters(str(tmp_path / "cp"))
+        stop_masters(str(control_dir(tmp_path)))

@@ -20,7 +20,7 @@ from tests.support.inventory import pct_ssh_hostvars as base_vars
 from tests.support.inventory import write_inventory
 from tests.support.lab import SUDO_USER
 from tests.support.paths import PLAYBOOKS
-from tests.support.playbook import ansible_env, run_json_play, run_playbook
+from tests.support.playbook import ansible_env, control_dir, run_json_play, run_playbook
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(400)]
 
@@ -88,7 +88,7 @@ def test_ssh_only_variables_are_warned_about_once_and_change_nothing(lab, tmp_pa
         for name, user in (("as_root", "root"), ("as_pveops", SUDO_USER))
     }
     inventory = write_inventory(tmp_path / "inv.json", hosts)
-    done = run_playbook("id_twice", inventory, env=ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp_path / "cp")),
+    done = run_playbook("id_twice", inventory, env=ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(control_dir(tmp_path))),
                         timeout=240)
     out = " ".join(done.output.split())
     assert done.rc == 0, out[-3000:]

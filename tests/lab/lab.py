@@ -145,8 +145,9 @@ class LabNode:
 
     @property
     def smi_env(self) -> dict[str, str]:
-        """What this host's nvidia-smi wrapper sets: its own fake GPUs (never given to pct: exec keeps the env)."""
-        return {} if self.index == 1 else {"FAKEGPU_DIR": self.fakegpu_dir}
+        """What this host's nvidia-smi wrapper sets: its own fake GPUs (never given to pct: exec keeps the env); none
+        where they are the fakegpu library's default state dir (lane 0's first node)."""
+        return {} if self.fakegpu_dir == CT_FAKEGPU_DIR else {"FAKEGPU_DIR": self.fakegpu_dir}
 
 
 NODE2_DIR = os.path.join(LAB_DIR, "node2")

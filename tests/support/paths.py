@@ -16,6 +16,7 @@ import re
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import MutableMapping, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
@@ -53,9 +54,10 @@ def load_script(path: Path, name: str) -> ModuleType:
 lanes = load_script(LAB_DIR / "lanes.py", "gpuops_lab_lanes")
 
 
-def select_lane(environ=os.environ) -> lanes.Lane:
-    """The lane of this test process, written to ENVIRON (GPUOPS_LAB_LANE; for lanes other than 0 also
-    ANSIBLE_INVENTORY, so that an ansible command given no inventory is on the lane too)."""
+def select_lane(environ: Optional[MutableMapping[str, str]] = None) -> lanes.Lane:
+    """The lane of this test process, written to ENVIRON (default os.environ: GPUOPS_LAB_LANE; for lanes other
+    than 0 also ANSIBLE_INVENTORY, so that an ansible command given no inventory is on the lane too)."""
+    environ = os.environ if environ is None else environ
     worker = re.fullmatch(r"gw(\d+)", environ.get("PYTEST_XDIST_WORKER", ""))
     if worker:
         environ[lanes.LANE_ENV] = worker.group(1)

@@ -10,6 +10,7 @@ one and :attr:`PlaybookRun.results` gives ``{task name: {host: result}}``.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import re
@@ -124,14 +125,23 @@ def run_playbook(playbook: PathLike, inventory: PathLike, extra_vars: Sequence[E
     return PlaybookRun(done.returncode, done.stdout, done.stderr)
 
 
+def control_dir(tmp: PathLike) -> Path:
+    """pct_ssh's control master directory (``ANSIBLE_PCT_SSH_CONTROL_PATH_DIR``) for a test whose temporary directory
+    is TMP: ``/tmp/gpuops-cp-<digest of TMP>``, the same for every call with TMP. Not under TMP itself: a socket's
+    path holds at most 107 bytes, and under pytest-xdist (a lab lane) ``tmp_path`` is already 80 of them."""
+    path = Path("/tmp") / ("gpuops-cp-" + hashlib.sha256(str(tmp).encode()).hexdigest()[:12])
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
 def run_json_play(tmp: Path, hosts: Dict[str, dict], playbook: PathLike, extra_vars: Sequence[ExtraVars] = (),
                   timeout: float = 600, groups: Optional[Dict[str, Dict[str, dict]]] = None) -> dict:
     """PLAYBOOK against HOSTS (a JSON inventory written under TMP), one fork per host, pct_ssh's control
-    masters under TMP/cp; ``{task name: {host: result}}``."""
+    masters in :func:`control_dir` (TMP); ``{task name: {host: result}}``."""
     from tests.support.inventory import write_inventory
 
     inventory = write_inventory(tmp / "inventory.json", hosts, groups)
-    env = ansible_env(ANSIBLE_FORKS=str(len(hosts)), ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(tmp / "cp"))
+    env = ansible_env(ANSIBLE_FORKS=str(len(hosts)), ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=str(control_dir(tmp)))
     return run_playbook(playbook, inventory, extra_vars, json_results=True, env=env, timeout=timeout).results
 
 

@@ -70,8 +70,8 @@ def test_a_lane_inventory_holds_that_lanes_facts_only(tmp_path: Path) -> None:
     written = lanes.write_inventories(str(ROOT / "inventories"), three)
     # the fleet inventory's group_vars link to the lab's, as in the checkout, and reach the lane's copy
     link = Path(written["lab-fleet"]) / "group_vars" / "training_containers.yml"
-    assert link.is_symlink() and link.resolve() == (Path(written["lab"]) / "group_vars" /
-                                                    "training_containers.yml").resolve()
+    target = Path(written["lab"]) / "group_vars" / "training_containers.yml"
+    assert link.is_symlink() and link.resolve() == target.resolve()
     lab = yaml.safe_load((Path(written["lab"]) / "hosts.yml").read_text())["all"]["children"]
     fleet = yaml.safe_load((Path(written["lab-fleet"]) / "hosts.yml").read_text())["all"]["children"]
     assert lab["pve_hosts"]["hosts"]["lab-pve"]["ansible_port"] == three.port
@@ -82,8 +82,8 @@ def test_a_lane_inventory_holds_that_lanes_facts_only(tmp_path: Path) -> None:
     assert {h: v["ansible_port"] for h, v in fleet["pve_hosts"]["hosts"].items()} == {
         "lab-pve": three.port, "lab-pve2": three.port2}
     nodes = fleet["training_containers"]["hosts"]
-    assert (nodes["ct200"]["proxmox_vmid"], nodes["ct210"]["proxmox_vmid"]) == (int(three.main_ct),
-                                                                                 int(three.node2_ct))
+    vmids = (nodes["ct200"]["proxmox_vmid"], nodes["ct210"]["proxmox_vmid"])
+    assert vmids == (int(three.main_ct), int(three.node2_ct))
     assert (nodes["ct200"]["sglang_datagen_host"], nodes["ct210"]["sglang_datagen_host"]) == three.datagen_hosts
     group_vars = (Path(written["lab"]) / "group_vars" / "training_containers.yml").read_text()
     assert all(src.startswith(three.lab_dir + "/files/") for src in
