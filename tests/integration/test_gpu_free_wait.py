@@ -23,6 +23,8 @@ from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file
 from tests.support.lab import DECOY_CT, MAIN_CT, lab_status
 from tests.support.paths import COLLECTIONS
 from tests.support.playbook import adhoc_json_result, run_adhoc
+from tests.support.procfs import cmdline_text, descendants
+from tests.support.wait import wait_for
 
 MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.gpu_free_wait"
 PYTHON = sys.executable
@@ -73,11 +75,20 @@ def test_already_free_is_ok_unchanged(fake, tmp_path):
     assert out["backend"] == "nvidia_smi"
 
 
+def sampling_started(module_pid: int) -> bool:
+    """The module has begun its first memory sample (an ``nvidia-smi --query-gpu`` child): it has already listed
+    the holders it reports in ``holders_before``."""
+    return any("--query-gpu" in cmdline_text(pid) for pid in descendants(module_pid))
+
+
 def test_release_after_delay_is_detected_within_one_interval(fake, tmp_path):
     holder = fake.hold([0, 1], mib=80000)
     interval = 0.2
     proc = subprocess.Popen(module_cmd(fake, tmp_path, gpus=["0", "1"], interval=interval, stable_for=1, timeout=60),
                             env=module_env(fake), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the release comes after the module has seen the holder (on a loaded machine its start-up alone can take
+    # longer than the 0.5 s below), then after a few busy samples
+    wait_for(lambda: sampling_started(proc.pid), 30, "the module's first sample", interval=0.002)
     time.sleep(0.5)
     fake.kill(holder)
     stdout, stderr = proc.communicate(timeout=60)

@@ -87,3 +87,12 @@ def serving_processes(client_pid: int, server_port: int, candidates: Iterable[in
              if pid != client_pid and any(table.get(i) == (server_port, client_port) for i in socket_inodes(pid))]
     assert found, "no candidate process serves port %d for pid %d's connection" % (server_port, client_pid)
     return found
+
+
+def cmdline_text(pid: int) -> str:
+    """PID's command line, its arguments joined by spaces; "" once it is gone."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return ""
