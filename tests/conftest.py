@@ -46,15 +46,18 @@ def lab_order_key(is_fleet: bool, file_s: float, index: int) -> tuple:
     return (is_fleet, -file_s, index)
 
 
+def file_of(nodeid: str) -> str:
+    """A test's file as the seconds table names it (its node id's path, relative to the checkout root)."""
+    return nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
     seconds = file_seconds()
-    root = Path(str(config.rootpath))
 
     def key(pair) -> tuple:
         index, item = pair
-        rel = Path(str(item.path)).relative_to(root).as_posix() if Path(str(item.path)).is_relative_to(root) else ""
         return lab_order_key(item.get_closest_marker("lab_fleet") is not None,
-                             seconds.get(rel, DEFAULT_FILE_SECONDS), index)
+                             seconds.get(file_of(item.nodeid), DEFAULT_FILE_SECONDS), index)
 
     items[:] = [item for _index, item in sorted(enumerate(items), key=key)]
 
@@ -91,7 +94,7 @@ _file_seconds: Dict[str, float] = {}
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Every phase's duration, by file (on xdist's controller too: the workers' reports come through here)."""
-    path = report.nodeid.split("::", 1)[0]
+    path = file_of(report.nodeid)
     _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
 
 
