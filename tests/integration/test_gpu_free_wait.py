@@ -20,7 +20,7 @@ import fakegpu
 import pytest
 from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file
 
-from tests.support.lab import DECOY_CT, MAIN_CT, lab_status
+from tests.support.lab import DECOY_CT, MAIN_CT, lab_status, trainer
 from tests.support.paths import COLLECTIONS
 from tests.support.playbook import adhoc_json_result, run_adhoc
 from tests.support.procfs import cmdline_text, descendants
@@ -302,9 +302,10 @@ def ansible_check(host: str, args: dict) -> dict:
 def test_lab_trainer_workers_seen_from_ct200_and_from_the_pve_host(lab):
     """Inside CT200 (through pct_ssh) the backend is blind and /proc names the workers by their container PIDs;
     on the PVE host the same workers appear with host PIDs, container 200, their NSpid and MiB."""
-    before = lab_status() or {}
-    if not before.get("up") or not before["trainer"]["running"]:
-        pytest.skip("the lab is not up with a running trainer (tests/lab/lab up)")
+    before = lab_status()
+    if not before["trainer"]["running"]:  # an earlier test in this lane left CT200 without its trainer
+        trainer()
+        before = lab_status()
     inside = ansible_check("ct200", {"timeout": 0})
     host = ansible_check("lab-pve", {"timeout": 0, "container": int(MAIN_CT)})
     after = lab_status()
@@ -312,8 +313,8 @@ def test_lab_trainer_workers_seen_from_ct200_and_from_the_pve_host(lab):
     assert inside["free"] is False and host["free"] is False
     assert all(h["used_mib"] is None and h["container"] is None for h in inside["holders"])
     assert all(h["container"] == int(MAIN_CT) and h["container_pid"] and h["used_mib"] for h in host["holders"])
-    if before["trainer"]["pids"] == after["trainer"]["pids"]:  # no other test restarted the trainer meanwhile
-        workers = set(before["trainer"]["pids"]["workers"])
-        assert {h["pid"] for h in inside["holders"]} == workers
-        assert {h["container_pid"] for h in host["holders"]} == workers
-        assert {h["pid"] for h in host["holders"]} == set(before["trainer"]["host_pids"]["workers"])
+    assert before["trainer"]["pids"] == after["trainer"]["pids"]  # a lane runs one test at a time
+    workers = set(before["trainer"]["pids"]["workers"])
+    assert {h["pid"] for h in inside["holders"]} == workers
+    assert {h["container_pid"] for h in host["holders"]} == workers
+    assert {h["pid"] for h in host["holders"]} == set(before["trainer"]["host_pids"]["workers"])

@@ -24,6 +24,7 @@ from tests.support.lab import (
     SUDO_USER,
     lab_cli,
     lab_status,
+    require_stopped,
     sshd_restart_result,
     start_sshd_restart,
     trainer,
@@ -91,8 +92,7 @@ def test_pct_exec_keep_env_as_real_pct(status):
 
 
 def test_pct_exec_on_stopped_201_fails_like_real_pct(status):
-    if status["containers"][DECOY_CT] != "stopped":
-        pytest.skip("another test is using CT201")
+    require_stopped(status)
     res = pct(status, "exec", DECOY_CT, "--", "true")
     assert (res.returncode, res.stdout, res.stderr) == (255, "", f"container '{DECOY_CT}' not running!\n")
 
@@ -202,8 +202,7 @@ def test_sshd_restart_keeps_sessions_and_replaces_the_listener(status):
 
 
 def test_start_shutdown_stop_201(status):
-    if status["containers"][DECOY_CT] != "stopped":
-        pytest.skip("another test is using CT201")
+    require_stopped(status)
     try:
         assert pct(status, "start", DECOY_CT, timeout=90).returncode == 0
         assert pct(status, "status", DECOY_CT).stdout == "status: running\n"
