@@ -104,7 +104,11 @@ MAIN_CT = LANE.main_ct
 DECOY_CT = LANE.decoy_ct
 SUDO_USER = LANE.sudo_user
 NOSUDO_USER = LANE.nosudo_user
-LAB_USERS = (SUDO_USER, NOSUDO_USER)
+NARROW_USER = LANE.narrow_user
+LAB_USERS = (SUDO_USER, NOSUDO_USER, NARROW_USER)
+# the forced-command wrapper the README offers instead of a pct sudo rule, and its list of the user's containers
+PCT_NARROW = os.path.join(REPO, "examples", "pve-host", "pct-narrow")
+PCT_NARROW_LIST = os.path.join("/etc/pct-narrow.d", NARROW_USER)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,6 +491,12 @@ def lxc_config(vmid: str, hostname: str, fakegpu_dir: str = FAKEGPU_DIR) -> str:
         "lxc.apparmor.profile = unconfined",
         "lxc.include = /usr/share/lxc/config/common.conf",
         "lxc.mount.auto = proc:mixed sys:mixed cgroup:mixed",
+        # Proxmox VE's cgroup layout (pve-container LXC.pm update_lxc_config): the container in lxc/VMID, its
+        # processes in the inner cgroup lxc/VMID/ns, the monitor in lxc.monitor/VMID; what the collection reads
+        # to see a frozen container
+        "lxc.cgroup.dir.monitor = lxc.monitor/%s" % vmid,
+        "lxc.cgroup.dir.container = lxc/%s" % vmid,
+        "lxc.cgroup.dir.container.inner = ns",
         "lxc.init.cmd = /lib/systemd/systemd",
         "lxc.log.file = %s" % os.path.join(cdir, "lxc.log"),
         "lxc.log.level = WARN",
@@ -725,8 +735,13 @@ def ensure_users(state: dict) -> None:
         # '*' = no password but not locked: sshd (UsePAM no) refuses '!' accounts
         run(["usermod", "-p", "*", user])
     rule = "# gpuops lab (tests/lab/lab): removed by 'lab down'\n%s ALL=(root) NOPASSWD: /usr/sbin/pct\n" % SUDO_USER
+    rule += "%s ALL=(root) NOPASSWD: %s\n" % (NARROW_USER, PCT_NARROW)
     if LAB_DIR != DEFAULT_LAB_DIR:
-        rule += 'Defaults:%s env_keep += "GPUOPS_LAB_DIR"\n' % SUDO_USER
+        for user in (SUDO_USER, NARROW_USER):
+            rule += 'Defaults:%s env_keep += "GPUOPS_LAB_DIR"\n' % user
+    # the narrow user may reach CT200 only
+    os.makedirs(os.path.dirname(PCT_NARROW_LIST), mode=0o755, exist_ok=True)
+    write_if_changed(PCT_NARROW_LIST, MAIN_CT + "\n")
     tmp = SUDOERS + ".lab-new"
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(rule)
@@ -1442,6 +1457,8 @@ def ensure_gpu_node(state: dict, node: LabNode, behaviour: str | None) -> str:
     if ct_state(vmid) != "running":
         log("starting CT%s through the lab host %s's pct" % (vmid, node.name))
         run(ssh_argv("root", ["pct", "start", vmid], port=node.port), timeout=90)
+    else:  # a backup a test began and never ended (`lab backup begin`): no command would run in it
+        run(lxc("lxc-unfreeze", vmid), timeout=60, check=False)
     boot = wait_booted(vmid)
     trainer_ok = trainer_intact(state, vmid) and has_session(vmid, TRAINER_SESSION)
     # The dflash session first: the tmux server keeps the argv of the session that started
@@ -1505,10 +1522,11 @@ def cmd_down(args: argparse.Namespace) -> int:
         left = [vmid for vmid in ALL_CONTAINERS if ct_state(vmid) == "running"]
         if left:
             raise LabError("containers %s still running after lxc-stop --kill" % left)
-        try:
-            os.unlink(SUDOERS)
-        except FileNotFoundError:
-            pass
+        for path in (SUDOERS, PCT_NARROW_LIST):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
         for user in state.get("users_created", []):
             try:
                 entry = pwd.getpwnam(user)
@@ -1618,7 +1636,10 @@ def status_dict() -> dict:
             "root": {"sudo": None, "note": "key login"},
             SUDO_USER: {"sudo": "NOPASSWD: /usr/sbin/pct", "note": "key login, sudo -n pct only"},
             NOSUDO_USER: {"sudo": None, "note": "key login, no sudo rule (error tests)"},
+            NARROW_USER: {"sudo": "NOPASSWD: %s" % PCT_NARROW,
+                          "note": "key login, sudo -n of the forced-command wrapper only, for CT%s" % MAIN_CT},
         },
+        "pct_narrow": PCT_NARROW,
         "pct": "/usr/sbin/pct",
         "nvidia_smi": "/usr/bin/nvidia-smi",
         "lxcpath": LXCPATH,
@@ -1646,6 +1667,8 @@ def status_dict() -> dict:
         "faults": {
             "dir": FAULTS_DIR,
             "reboot_hang": REBOOT_HANG,
+            "pull_enospc": os.path.join(FAULTS_DIR, "pull-enospc"),
+            "pct_before_keep_env": os.path.join(FAULTS_DIR, "pct-before-keep-env"),
             "sshd_restart": sshd_restart_request(NODES[1]),
             "active": sorted(os.listdir(FAULTS_DIR)) if os.path.isdir(FAULTS_DIR) else [],
         },
@@ -1795,6 +1818,55 @@ def cmd_sshd_restart(args: argparse.Namespace) -> int:
     return 0
 
 
+def set_config_lock(vmid: str, lock: str | None) -> None:
+    """Set (or with None clear) the ``lock:`` line of container VMID's Proxmox config, as vzdump's lock_vm and
+    unlock_vm do (pve-container src/PVE/VZDump/LXC.pm)."""
+    path = os.path.join(node_of(vmid).pve_conf_dir, "%s.conf" % vmid)
+    with open(path, encoding="utf-8") as handle:
+        lines = [line for line in handle.read().splitlines() if not line.startswith("lock:")]
+    if lock is not None:
+        lines.append("lock: %s" % lock)
+    write_if_changed(path, "\n".join(sorted(lines)) + "\n")
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    """A backup as vzdump runs one, from the container's point of view: ``begin`` locks the config (lock: backup)
+    and, in suspend mode, freezes the container (PVE::LXC::freeze, pve-container VZDump/LXC.pm suspend_vm);
+    ``end`` thaws it and removes the lock."""
+    preflight()
+    vmid = args.ct
+    if ct_state(vmid) == "absent":
+        raise LabError("CT%s does not exist: run 'tests/lab/lab up' first" % vmid)
+    if args.action == "begin":
+        set_config_lock(vmid, "backup")
+        if args.mode == "suspend":
+            run(lxc("lxc-freeze", vmid), timeout=60)
+    else:
+        run(lxc("lxc-unfreeze", vmid), timeout=60, check=False)
+        set_config_lock(vmid, None)
+    print(json.dumps({"ct": vmid, "lock": "backup" if args.action == "begin" else None,
+                      "frozen": args.action == "begin" and args.mode == "suspend"}, sort_keys=True))
+    return 0
+
+
+def cmd_ha(args: argparse.Namespace) -> int:
+    """Make container VMID HA-managed (``on``: pct start/stop/shutdown only queue a request with the lab's HA
+    manager, which acts a moment later; ``--error``: a resource in the error state, never acted on) or not
+    (``off``), as ``ha-manager add|remove ct:VMID`` does (the lab's resources.cfg: tests/lab/pct ``ha_managed``)."""
+    preflight()
+    path = os.path.join(os.path.dirname(node_of(args.ct).pve_conf_dir), "ha-resources")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = [line for line in handle.read().splitlines() if line.split()[:2] != ["ct:", args.ct]]
+    except FileNotFoundError:
+        lines = []
+    if args.action == "on":
+        lines.append("ct: %s%s" % (args.ct, " state=error" if args.error else ""))
+    write_if_changed(path, "".join(line + "\n" for line in lines))
+    print(json.dumps({"ct": args.ct, "ha": args.action == "on", "error": bool(args.error)}, sort_keys=True))
+    return 0
+
+
 def cmd_torch_venv(args: argparse.Namespace) -> int:
     preflight()
     print(torch_venv_cache())
@@ -1820,6 +1892,17 @@ def main(argv: list[str]) -> int:
     p_tr.add_argument("behaviour", choices=BEHAVIOURS)
     p_tr.add_argument("--ct", choices=GPU_CTS, default=MAIN_CT,
                       help="the GPU container (%s: the second node's)" % LANE.node2_ct)
+    p_bk = sub.add_parser("backup", help="begin or end a backup of a container as vzdump does it: lock: backup, "
+                          "and in suspend mode the container frozen until the end")
+    p_bk.add_argument("action", choices=("begin", "end"))
+    p_bk.add_argument("--mode", choices=("suspend", "snapshot"), default="suspend",
+                      help="suspend (default): also freeze the container; snapshot: the lock only")
+    p_bk.add_argument("--ct", choices=[MAIN_CT, DECOY_CT, LANE.node2_ct], default=MAIN_CT)
+    p_ha = sub.add_parser("ha", help="make a container HA-managed (pct start/stop/shutdown then only queue a "
+                          "request, acted on a moment later) or not")
+    p_ha.add_argument("action", choices=("on", "off"))
+    p_ha.add_argument("--error", action="store_true", help="a resource in the error state: never acted on")
+    p_ha.add_argument("--ct", choices=[MAIN_CT, DECOY_CT, LANE.node2_ct], default=MAIN_CT)
     sub.add_parser("torch-venv", help="build the containers' cached torch venv (else built on first 'trainer torchrun')")
     p_rs = sub.add_parser("sshd-restart", help="restart the lab PVE host's sshd as `systemctl restart ssh` does "
                           "(the listener replaced, established sessions kept); prints what happened as JSON")
@@ -1833,7 +1916,8 @@ def main(argv: list[str]) -> int:
         if args.cmd == "_supervise":
             return supervise(NODES[args.node])
         return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "trainer": cmd_trainer,
-                "torch-venv": cmd_torch_venv, "sshd-restart": cmd_sshd_restart}[args.cmd](args)
+                "torch-venv": cmd_torch_venv, "sshd-restart": cmd_sshd_restart, "backup": cmd_backup,
+                "ha": cmd_ha}[args.cmd](args)
     except LabError as exc:
         log("error: %s" % exc)
         return 1

@@ -5,7 +5,7 @@
 """The lab's lanes: independent copies of the CT200 lab on one machine, so lab tests run side by side.
 
 Lane 0 is the lab the README describes (``/var/lib/gpuops-lab``, the PVE host on port 2222, CT200,
-CT201, the second node's CT210, the users ``pveops``/``pvenosudo``, ``inventories/lab``). Lane L
+CT201, the second node's CT210, the users ``pveops``/``pvenosudo``/``pvenarrow``, ``inventories/lab``). Lane L
 (1..MAX_LANES-1) is the same lab shifted so that no two lanes share a lock, a port, a path, a
 container, a user or a tmux server:
 
@@ -13,7 +13,7 @@ container, a user or a tmux server:
 - its PVE hosts' sshd on ``2222 + 10*L`` (node 2: one more);
 - its containers ``200 + 1000*L`` (CT1200, CT1201 and the second node's CT1210 for lane 1): each
   container runs its own systemd and tmux server;
-- its users ``pveops-lL``/``pvenosudo-lL`` and its sudo rule file;
+- its users ``pveops-lL``/``pvenosudo-lL``/``pvenarrow-lL`` and its sudo rule file;
 - its datagen services (workers, router, metrics) bound to ``127.0.L.1`` (node 2: ``127.0.L.2``):
   the containers share the machine's network, so the role's default ports stay apart by address,
   as two machines' would.
@@ -42,6 +42,7 @@ BASE_VMIDS = {"main": 200, "decoy": 201, "node2": 210}
 HOSTNAMES = {"main": "ct200", "decoy": "ct201", "node2": "ct210"}
 BASE_SUDO_USER = "pveops"
 BASE_NOSUDO_USER = "pvenosudo"
+BASE_NARROW_USER = "pvenarrow"
 BASE_SUDOERS = "/etc/sudoers.d/gpuops-lab"
 # what the checkout's lab inventories name, replaced by a lane's own (render_inventory)
 INVENTORIES = ("lab", "lab-fleet")
@@ -59,6 +60,7 @@ class Lane:
     vmids: dict  # role ("main", "decoy", "node2") -> VMID (str)
     sudo_user: str  # key login, sudo NOPASSWD for pct only
     nosudo_user: str  # key login, no sudo rule
+    narrow_user: str  # key login, sudo NOPASSWD for the forced-command wrapper examples/pve-host/pct-narrow only
     sudoers: str
     datagen_hosts: tuple  # the address each node's datagen services bind (node 1, node 2)
 
@@ -91,7 +93,7 @@ class Lane:
             "port2": self.port2,
             "vmids": dict(self.vmids),
             "hostnames": {self.vmids[role]: name for role, name in HOSTNAMES.items()},
-            "users": {"sudo": self.sudo_user, "nosudo": self.nosudo_user},
+            "users": {"sudo": self.sudo_user, "nosudo": self.nosudo_user, "narrow": self.narrow_user},
             "sudoers": self.sudoers,
             "datagen_hosts": list(self.datagen_hosts),
             "inventories": {name: self.inventory(name) for name in INVENTORIES},
@@ -124,6 +126,7 @@ def lane(index: int, base_dir: str = BASE_DIR, base_port: int = BASE_PORT) -> La
         vmids={role: str(vmid + VMID_STRIDE * index) for role, vmid in BASE_VMIDS.items()},
         sudo_user=BASE_SUDO_USER + user_suffix,
         nosudo_user=BASE_NOSUDO_USER + user_suffix,
+        narrow_user=BASE_NARROW_USER + user_suffix,
         sudoers=BASE_SUDOERS + suffix,
         datagen_hosts=("127.0.%d.1" % index, "127.0.%d.2" % index),
     )

@@ -23,10 +23,10 @@ import grp
 import os
 import pwd
 import re
-import shutil
 import socket
 import subprocess
 import sys
+import time
 import typing as t
 
 LAB_DIR = os.environ.get("GPUOPS_LAB_DIR", "/var/lib/gpuops-lab")
@@ -36,6 +36,10 @@ LXCPATH = os.path.join(LAB_DIR, "lxc")
 # each host sees only its own containers, as each PVE node has its own nodes/<node>/lxc.
 PVE_CONF_DIR = os.environ.get("GPUOPS_LAB_PVE_CONF_DIR") or os.path.join(LAB_DIR, "pve", "lxc")
 NODE = os.environ.get("GPUOPS_LAB_PVE_NODE") or socket.gethostname().split(".")[0]
+# The lab's stand-in for /etc/pve/ha/resources.cfg: one line `ct: VMID` per HA-managed container, with
+# ` state=error` when the HA manager will not act on it (`tests/lab/lab ha on|off`).
+HA_RESOURCES = os.path.join(os.path.dirname(PVE_CONF_DIR), "ha-resources")
+HA_DELAY_S = 2.0  # the lab's HA manager acts this long after a request (a real CRM/LRM round takes ~10 s)
 PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"
 
 # Fault injection (lab only, off by default): while this file exists, `pct reboot`
@@ -47,6 +51,14 @@ PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"
 # with the lab dir.
 FAULTS_DIR = os.path.join(LAB_DIR, "faults")
 REBOOT_HANG = os.path.join(FAULTS_DIR, "reboot-hang")
+# Fault injection (lab only, off by default): while this file exists, `pct pull` finds the host's disk full
+# (its tmpfs out of inodes, say) where it creates the destination: create_file dies as pct.pm's does
+# (pct.pm:548) and, like every pull failure, the CLI exits 0 (see _file_task).
+PULL_ENOSPC = os.path.join(FAULTS_DIR, "pull-enospc")
+# Fault injection (lab only, off by default): while this file exists, pct is as pve-container before 5.0.9
+# (an un-updated PVE 8.0/8.1): `exec` has no --keep-env (added by commit 069553d, debian/changelog 5.0.9), so
+# the option parser refuses it as any unknown option.
+PCT_BEFORE_KEEP_ENV = os.path.join(FAULTS_DIR, "pct-before-keep-env")
 # pct reboot without --timeout: lxc-stop's own default shutdown timeout.
 LXC_STOP_DEFAULT_TIMEOUT = 60
 
@@ -220,8 +232,10 @@ def lxc(tool: str, vmid: str, *args: str) -> list[str]:
 def check_running(vmid: str) -> bool:
     if not os.path.isdir(os.path.join(LXCPATH, vmid)):
         return False
+    """PVE::LXC::vmstatus (LXC.pm:284): running while the container's monitor answers on its command socket,
+    whatever the container does; a frozen container (a backup in suspend mode) is running too."""
     res = subprocess.run(lxc("lxc-info", vmid, "-s", "-H"), capture_output=True, text=True, timeout=30, check=False)
-    return res.returncode == 0 and res.stdout.strip() == "RUNNING"
+    return res.returncode == 0 and res.stdout.strip() not in ("", "STOPPED")
 
 
 def init_pid(vmid: str) -> int:
@@ -345,6 +359,41 @@ def wait_state(vmid: str, state: str, timeout: int) -> bool:
     return res.returncode == 0
 
 
+def ha_managed(vmid: str) -> str | None:
+    """'started' when container VMID is an HA resource the HA manager acts on, 'error' when it is one in the
+    error state, None when it is not HA-managed (PVE::HA::Config::vm_is_ha_managed)."""
+    try:
+        with open(HA_RESOURCES, encoding="utf-8") as handle:
+            for line in handle:
+                words = line.split()
+                if words[:2] == ["ct:", vmid]:
+                    return "error" if "state=error" in words else "started"
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def ha_request(vmid: str, action: str) -> int:
+    """What API2/LXC/Status.pm does for an HA-managed CT (start :166-177, stop :266-280, shutdown :365-375): print
+    `Requesting HA start|stop for CT VMID` and hand the request to ha-manager, which queues it; pct returns 0 at
+    once with the state unchanged. The lab's HA manager then acts in a detached process after HA_DELAY_S (never
+    for a resource in the error state)."""
+    print("Requesting HA %s for CT %s" % (action, vmid))
+    sys.stdout.flush()
+    if ha_managed(vmid) == "error":
+        return 0
+    if os.fork() == 0:
+        os.setsid()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        time.sleep(HA_DELAY_S)
+        tool = lxc("lxc-start", vmid) if action == "start" else lxc("lxc-stop", vmid, "--timeout", "60")
+        subprocess.run(tool, timeout=120, check=False)
+        os._exit(0)
+    return 0
+
+
 def do_start(vmid: str) -> None:
     # unverified: real pct starts through pve-container@VMID.service; the lab calls lxc-start directly.
     res = subprocess.run(lxc("lxc-start", vmid), capture_output=True, text=True, timeout=60, check=False)
@@ -353,11 +402,27 @@ def do_start(vmid: str) -> None:
         raise die("startup for container '%s' failed" % vmid)
 
 
+def check_lock(conf: dict, skiplock: bool = False) -> None:
+    """pve-guest-common AbstractConfig.pm check_lock, as Status.pm's vm_start/vm_stop (194, 301: not with
+    --skiplock, and not for the lock 'mounted') and vm_shutdown (387: always) call it in their task worker: the
+    task fails, so pct's $upid_exit ends the CLI with 255. vm_reboot and exec do not look."""
+    if conf.get("lock") and not skiplock:
+        raise die("CT is locked (%s)" % conf["lock"])
+
+
+def _skiplock(cmd: str, opts: dict) -> bool:
+    return parse_bool(cmd, "skiplock", opts["skiplock"]) if "skiplock" in opts else False
+
+
 def cmd_start(params: dict, opts: dict) -> int:
     vmid = check_vmid("start", params["vmid"])
     if check_running(vmid):
         raise die("CT %s already running" % vmid)
-    load_config(vmid)  # in the task worker
+    if ha_managed(vmid):
+        return ha_request(vmid, "start")
+    conf = dict(load_config(vmid))  # in the task worker
+    if conf.get("lock") != "mounted":
+        check_lock(conf, _skiplock("start", opts))
     do_start(vmid)
     return 0
 
@@ -383,17 +448,27 @@ def vm_stop(vmid: str, kill: bool, timeout: int | None, kill_after_timeout: bool
 
 
 def stop_running(vmid: str, kill: bool, timeout: int | None, kill_after_timeout: bool,
-                 not_running: str = "CT %s not running") -> None:
-    """What stop, shutdown and reboot share once their options are checked: a stopped CT is an error."""
+                 not_running: str = "CT %s not running", lock_check: t.Callable[[dict], None] | None = None,
+                 ha_action: str | None = None) -> None:
+    """What stop, shutdown and reboot share once their options are checked: a stopped CT is an error; an
+    HA-managed one gets HA_ACTION requested instead (stop, shutdown; reboot has no HA branch); LOCK_CHECK
+    (stop and shutdown: check_lock; reboot: none) runs on the config in the task worker."""
     if not check_running(vmid):
         raise die(not_running % vmid)
-    load_config(vmid)  # in the task worker
+    if ha_action is not None and ha_managed(vmid):
+        ha_request(vmid, ha_action)
+        return
+    conf = dict(load_config(vmid))  # in the task worker
+    if lock_check is not None:
+        lock_check(conf)
     vm_stop(vmid, kill, timeout, kill_after_timeout)
 
 
 def cmd_stop(params: dict, opts: dict) -> int:
     vmid = check_vmid("stop", params["vmid"])
-    stop_running(vmid, True, None, False)
+    skiplock = _skiplock("stop", opts)
+    stop_running(vmid, True, None, False,
+                 lock_check=lambda conf: conf.get("lock") == "mounted" or check_lock(conf, skiplock), ha_action="stop")
     return 0
 
 
@@ -410,7 +485,7 @@ def cmd_shutdown(params: dict, opts: dict) -> int:
                 "shutdown", "Parameter verification failed.", {"timeout": "type check ('integer') failed - got '%s'" % opts["timeout"]}
             ) from None
     force = parse_bool("shutdown", "forceStop", opts["forceStop"]) if "forceStop" in opts else False
-    stop_running(vmid, False, timeout, force)
+    stop_running(vmid, False, timeout, force, lock_check=check_lock, ha_action="stop")
     return 0
 
 
@@ -529,32 +604,45 @@ def _enter_mount_ns(pid: int) -> None:
         raise die("failed to change to container root directory") from None
 
 
-def _in_worker(func) -> int:
-    """Run func in a forked child (pct's fork_worker: setns() must not touch this process)."""
+def _file_task(func) -> int:
+    """Run FUNC as pct.pm's push/pull run their file task: a forked worker (pve-common RESTEnvironment.pm
+    fork_worker, synchronous under the CLI; setns() must not touch this process). A worker that dies prints its
+    message on stderr (the tee_worker prints "TASK ERROR: X" as X), and the CLI still exits 0: push and pull
+    have no ``$upid_exit`` outsub in pct.pm's cmddef (pct.pm:1189-1190), so run_cli_handler reaches its
+    ``exit 0`` (pve-common CLIHandler.pm:717)."""
     sys.stdout.flush()
     sys.stderr.flush()
     child = os.fork()
     if child == 0:
-        code = 0
         try:
             func()
         except PctError as exc:
             sys.stderr.write(str(exc))
-            code = EXIT_ERR
         except BaseException as exc:  # noqa: B036 - the child must never return into the parent's code
             sys.stderr.write("%s\n" % exc)
-            code = EXIT_ERR
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(code)
-    status = os.waitpid(child, 0)[1]
-    return os.waitstatus_to_exitcode(status) & 0xFF
+            os._exit(0)
+    os.waitpid(child, 0)
+    return 0
 
 
 def _copy(src_fd: int, dst_fd: int) -> None:
-    with os.fdopen(src_fd, "rb") as src, os.fdopen(dst_fd, "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    """File::Copy::copy, its result unchecked as in pct.pm (push :791, pull :682): a read or write error (a full
+    disk, a directory as the source) ends the copy early, says nothing, and the task still ends OK."""
+    try:
+        while True:
+            block = os.read(src_fd, 1 << 20)
+            if not block:
+                break
+            while block:
+                block = block[os.write(dst_fd, block):]
+    except OSError:
+        pass
+    finally:
+        os.close(src_fd)
+        os.close(dst_fd)
 
 
 def _octal_perms(perms: str | None) -> str | None:
@@ -582,7 +670,7 @@ def cmd_push(params: dict, opts: dict) -> int:
         dst = create_file(params["destination"], perms, opts.get("user"), opts.get("group"))
         _copy(src, dst)
 
-    return _in_worker(work)
+    return _file_task(work)
 
 
 def cmd_pull(params: dict, opts: dict) -> int:
@@ -594,6 +682,8 @@ def cmd_pull(params: dict, opts: dict) -> int:
 
     def work() -> None:
         # as in pct: the destination is created on the host first (owner names resolve on the host)
+        if os.path.exists(PULL_ENOSPC):
+            raise die("failed to create file: %s: %s" % (params["destination"], os.strerror(28)))
         dst = create_file(params["destination"], perms, opts.get("user"), opts.get("group"))
         _enter_mount_ns(pid)
         try:
@@ -602,7 +692,7 @@ def cmd_pull(params: dict, opts: dict) -> int:
             raise die("failed to open %s: %s" % (params["path"], exc.strerror)) from None
         _copy(src, dst)
 
-    return _in_worker(work)
+    return _file_task(work)
 
 
 def cmd_list(params: dict, opts: dict) -> int:
@@ -672,6 +762,8 @@ def main(argv: list[str]) -> int:
         # unverified: the exact text real pct prints for a non-root caller
         sys.stderr.write("ipcc_send_rec[1] failed: Permission denied\n")
         return EXIT_ERR
+    if os.path.exists(PCT_BEFORE_KEEP_ENV):
+        OPTIONS["exec"] = {}
     try:
         opts, rest = parse_args(cmd, args)
         for name, value in opts.items():

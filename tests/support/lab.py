@@ -29,6 +29,7 @@ DECOY_CT = LANE.decoy_ct  # CT201, the stopped decoy
 NODE2_CT = LANE.node2_ct
 SUDO_USER = LANE.sudo_user  # pveops: sudo NOPASSWD for pct only
 NOSUDO_USER = LANE.nosudo_user  # pvenosudo: no sudo rule
+NARROW_USER = LANE.narrow_user  # pvenarrow: sudo for examples/pve-host/pct-narrow only, CT200 only
 # the address each lab node's datagen services (SGLang workers, router, metrics) bind: 127.0.0.1 and 127.0.0.2
 DATAGEN_HOST, DATAGEN_HOST2 = LANE.datagen_hosts
 DEFAULT_BEHAVIOUR = "graceful"
@@ -162,6 +163,19 @@ def sshd_restart_result(proc: subprocess.Popen, down_for: float) -> dict:
             proc.wait()
     assert proc.returncode == 0, err + out
     return json.loads(out)
+
+
+@contextlib.contextmanager
+def fault(name: str, content: str = "") -> Iterator[Path]:
+    """The lab fault NAME (a key of ``lab status``'s ``faults``; tests/lab/README.md "Faults") switched on, with
+    CONTENT in its file, until the block ends."""
+    path = Path(lab_status()["faults"][name])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content, encoding="utf-8")
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
