@@ -24,6 +24,14 @@ description:
   - Files move by SFTP to a private temporary directory on the host plus C(pct push)/C(pct pull), streamed in
     blocks (no file is read into memory whole); where the host has no SFTP server they are streamed through
     C(cat) inside the container instead. Pipelining is supported.
+  - "Every copy is checked, because C(pct push) and C(pct pull) exit 0 when they fail (pve-container gives them no
+    exit-code handler): a push is followed by the copy's size read inside the container, a pull by both files'
+    SHA-256, and a copy that pct reported only on stderr, or that came out short (a full disk), fails the task naming
+    pct's message or the sizes. A failed fetch leaves no file on the controller. The container needs C(stat) and
+    C(sha256sum) (coreutils or busybox)."
+  - "A frozen container (a backup in suspend mode freezes it until the backup ends; C(pct status) still says
+    C(running) and C(pct exec) would hang) fails at once with its own message: every command line first reads the
+    container's cgroup freeze state on the host, in the same round trip."
   - One SSH connection per host and identity is kept open by a small control master process (like
     OpenSSH's ControlPersist) and reused by all tasks, including tasks for other containers on the same host.
     It is found by everything that authenticates it (host, port, user, password digest, key file path and a digest
@@ -35,8 +43,8 @@ description:
     using this connection ends too (Linux: the kernel's parent-death signal, SIGTERM), instead of going on alone as
     ansible-core's workers, which leave that group, otherwise do; a module that finishes on its own, such as
     M(gpuops.repurpose.training_stop), finishes in the container and leaves its result for the re-run."
-  - A stopped container, a missing container (or one on another cluster node), an unreachable host, a refused
-    login and an unknown host key each fail with their own message.
+  - A stopped container, a frozen one, a missing container (or one on another cluster node), an unreachable host,
+    a refused login and an unknown host key each fail with their own message.
   - Option and variable names follow P(community.proxmox.proxmox_pct_remote#connection) where they mean the same,
     so an inventory can switch between the two.
 requirements:
@@ -270,8 +278,10 @@ options:
       - name: proxmox_become_method
   keep_env:
     description:
-      - Pass C(--keep-env 1) (V(true)) or C(--keep-env 0) (V(false)) to C(pct exec). Unset leaves the
-        Proxmox VE release's default (which changes between releases).
+      - Pass C(--keep-env 1) (V(true)) or C(--keep-env 0) (V(false)) to C(pct exec). Unset passes nothing, which
+        works on every release (Proxmox VE 8 and 9 keep the environment by default).
+      - A host whose C(pct) is older than pve-container 5.0.9 (Proxmox VE 8.0 or 8.1 not updated) does not know the
+        option; a set value fails there with a message saying so.
     type: boolean
     vars:
       - name: proxmox_keep_env
@@ -486,7 +496,9 @@ all:
 #         ansible_pct_ssh_command_timeout: 7200
 """
 
+import contextlib
 import getpass
+import hashlib
 import os
 import stat
 import typing as t
@@ -495,6 +507,7 @@ from ansible.errors import AnsibleAuthenticationFailure, AnsibleConnectionFailur
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
+from ansible.utils.hashing import secure_hash
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh, _pct_ssh_vars, _pct_ssh_worker
@@ -503,6 +516,17 @@ display = Display()
 
 # in-process sessions for control_persist=0 (one per worker, reused within a task)
 _DIRECT: t.Dict[str, _pct_ssh.DirectSession] = {}
+
+
+@contextlib.contextmanager
+def _no_file_left_on_failure(path: str) -> t.Iterator[None]:
+    """Remove PATH (a fetch's destination on the controller) when the block fails: no empty or partial file."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
 
 
 class Connection(ConnectionBase):
@@ -661,13 +685,26 @@ class Connection(ConnectionBase):
                 raise self._failure(e) from None
         raise AssertionError("unreachable")
 
+    def _run_in(self, vmid: int, line: str, **kw: t.Any) -> _pct_ssh.ExecResult:
+        """Run host shell text LINE, which runs pct against container VMID, unless the container is frozen: a
+        backup in suspend mode freezes it, `pct status` still says running and `pct exec` would hang until the
+        backup ends, so the host's cgroup files are read first (no extra round trip) and a frozen CT fails here."""
+        res = self._run(_pct.then(_pct.frozen_guard(vmid), line), **kw)
+        if res.rc == _pct.FROZEN_RC and _pct.FROZEN_MARK in to_text(res.stderr, errors="surrogate_or_replace"):
+            raise AnsibleConnectionFailure("pct_ssh: %s" % _pct.frozen_message(vmid, self._host()))
+        return res
+
     def _diagnose(self, vmid: int, res: _pct_ssh.ExecResult) -> None:
         """Raise the specific failure when pct or sudo (not the command) failed.
 
         The command's own stderr could mimic pct's messages, so a suspicious
         failure is confirmed with ``pct status`` before the container is blamed.
         """
-        if _pct.classify_failure(to_text(res.stderr, errors="surrogate_or_replace")) is None:
+        stderr = to_text(res.stderr, errors="surrogate_or_replace")
+        unknown = _pct.keep_env_unknown(stderr, self._host())
+        if unknown:
+            raise AnsibleConnectionFailure("pct_ssh: %s (proxmox_keep_env)." % unknown)
+        if _pct.classify_failure(stderr) is None:
             return
         status_line = _pct.quote(_pct.pct_argv("status", vmid, pct_path=self.get_option("pct_path"), prefix=self._prefix()))
         st = self._run(status_line, timeout=60)
@@ -707,6 +744,9 @@ class Connection(ConnectionBase):
                 else "check proxmox_vmid against `pct list`, or whether it lives on another cluster node"
             )
             raise AnsibleConnectionFailure("pct_ssh: container %d does not exist on %s (%s); %s." % (vmid, self._host(), err, where))
+        if kind == _pct.FAIL_NO_BECOME:
+            raise AnsibleConnectionFailure("pct_ssh: %s (%s)." % (
+                _pct.no_become_message(self._host(), self._user(), self.get_option("proxmox_become_method"), self.get_option("pct_path")), err))
         if kind == _pct.FAIL_PCT_NOT_FOUND:
             raise AnsibleConnectionFailure(
                 "pct_ssh: %s cannot run %s (%s). Is %s a Proxmox VE host? Set proxmox_pct_path if pct lives elsewhere."
@@ -718,7 +758,7 @@ class Connection(ConnectionBase):
             )
 
     def _pct(self, argv: t.List[str], what: str, vmid: int, **kw: t.Any) -> _pct_ssh.ExecResult:
-        res = self._run(_pct.quote(argv), **kw)
+        res = self._run_in(vmid, _pct.quote(argv), **kw)
         if res.timed_out:
             raise AnsibleError("pct_ssh: %s in container %d did not finish within command_timeout=%ss" % (what, vmid, self.get_option("command_timeout")))
         if res.rc != 0:
@@ -744,7 +784,7 @@ class Connection(ConnectionBase):
             )
         except _pct.PctError as e:
             raise AnsibleError("pct_ssh: %s" % e) from None
-        res = self._run(_pct.quote(argv), stdin=in_data, pty=bool(self.get_option("pty")))
+        res = self._run_in(vmid, _pct.quote(argv), stdin=in_data, pty=bool(self.get_option("pty")))
         if res.timed_out:
             raise AnsibleError(
                 "pct_ssh: command in container %d on %s did not finish within command_timeout=%ss; the channel was closed. "
@@ -773,8 +813,27 @@ class Connection(ConnectionBase):
                 if e.kind != "sftp_unavailable" or method == "sftp":
                     raise self._failure(e) from None
                 display.vvv("PCT_SSH no SFTP on the host (%s): streaming through cat" % e.msg, host=self._host())
-        argv = _pct.exec_argv(vmid, ["/bin/sh", "-c", 'cat > "$1"', "sh", out_path], pct_path=self.get_option("pct_path"), prefix=self._prefix())
-        self._pct(argv, "writing %s" % out_path, vmid, stdin_path=in_path)
+        script = 'cat > "$1" && shift && exec "$@"'
+        argv = self._exec_argv(vmid, ["/bin/sh", "-c", script, "sh", out_path] + _pct.SIZE_PROBE + [out_path])
+        self._pushed(_pct.quote(argv), "writing %s" % out_path, vmid, in_path, stdin_path=in_path)
+
+    def _exec_argv(self, vmid: int, argv: t.List[str]) -> t.List[str]:
+        return _pct.exec_argv(vmid, argv, pct_path=self.get_option("pct_path"), prefix=self._prefix())
+
+    def _copy_failed(self, res: _pct_ssh.ExecResult, what: str, vmid: int, problem: t.Optional[str]) -> None:
+        """Fail the copy WHAT naming PROBLEM (pct's message, or what the checks found), if there is one."""
+        if res.timed_out:
+            raise AnsibleError("pct_ssh: %s in container %d did not finish within command_timeout=%ss" % (what, vmid, self.get_option("command_timeout")))
+        if problem is not None:
+            if res.rc != 0:
+                self._diagnose(vmid, res)
+            raise AnsibleError("pct_ssh: %s in container %d on %s failed: %s" % (what, vmid, self._host(), problem))
+
+    def _pushed(self, line: str, what: str, vmid: int, in_path: str, **kw: t.Any) -> None:
+        """Run LINE, a copy of IN_PATH whose last command prints the copy's size; fail unless it is whole."""
+        res = self._run_in(vmid, line, **kw)
+        stdout, stderr = to_text(res.stdout, errors="surrogate_or_replace"), to_text(res.stderr, errors="surrogate_or_replace")
+        self._copy_failed(res, what, vmid, _pct.copy_problem(res.rc, stderr, os.path.getsize(in_path), _pct.parse_size(stdout)))
 
     def _put_sftp(self, vmid: int, in_path: str, out_path: str) -> None:
         self._connect()
@@ -783,8 +842,9 @@ class Connection(ConnectionBase):
             tmp = tmpdir + "/file"
             self._session.put(in_path, tmp)
             perms = stat.S_IMODE(os.stat(in_path).st_mode)
-            argv = _pct.transfer_argv("push", vmid, tmp, out_path, perms=perms, pct_path=self.get_option("pct_path"), prefix=self._prefix())
-            self._pct(argv, "pct push to %s" % out_path, vmid)
+            push = _pct.transfer_argv("push", vmid, tmp, out_path, perms=perms, pct_path=self.get_option("pct_path"), prefix=self._prefix())
+            probe = self._exec_argv(vmid, _pct.SIZE_PROBE + [out_path])
+            self._pushed(_pct.then(_pct.quote(push), _pct.quote(probe)), "pct push to %s" % out_path, vmid, in_path)
         finally:
             self._cleanup(tmpdir)
 
@@ -807,8 +867,9 @@ class Connection(ConnectionBase):
                 if e.kind != "sftp_unavailable" or method == "sftp":
                     raise self._failure(e) from None
                 display.vvv("PCT_SSH no SFTP on the host (%s): streaming through cat" % e.msg, host=self._host())
-        argv = _pct.exec_argv(vmid, ["cat", "--", in_path], pct_path=self.get_option("pct_path"), prefix=self._prefix())
-        self._pct(argv, "reading %s" % in_path, vmid, stdout_path=out_path)
+        # pct exec passes cat's exit status on, so a short read fails here; a failed fetch leaves no file behind
+        with _no_file_left_on_failure(out_path):
+            self._pct(self._exec_argv(vmid, ["cat", "--", in_path]), "reading %s" % in_path, vmid, stdout_path=out_path)
 
     def _fetch_sftp(self, vmid: int, in_path: str, out_path: str) -> None:
         self._connect()
@@ -816,9 +877,19 @@ class Connection(ConnectionBase):
         try:
             tmp = tmpdir + "/file"
             user = None if self._user() == "root" else self._user()  # so the SFTP login can read what root pulled
-            argv = _pct.transfer_argv("pull", vmid, in_path, tmp, user=user, pct_path=self.get_option("pct_path"), prefix=self._prefix())
-            self._pct(argv, "pct pull of %s" % in_path, vmid)
-            self._session.get(tmp, out_path)
+            # the source's digest first (its absence fails here with the reason), then the pull, then the
+            # pulled file's digest: pct pull exits 0 when it fails, leaving an empty file
+            source = self._exec_argv(vmid, _pct.DIGEST_PROBE + [in_path])
+            pull = _pct.transfer_argv("pull", vmid, in_path, tmp, user=user, pct_path=self.get_option("pct_path"), prefix=self._prefix())
+            line = _pct.then(_pct.quote(source), _pct.quote(pull), _pct.quote(_pct.DIGEST_PROBE + [tmp]))
+            res = self._run_in(vmid, line)
+            digests = _pct.parse_digests(to_text(res.stdout, errors="surrogate_or_replace"))
+            stderr = to_text(res.stderr, errors="surrogate_or_replace")
+            self._copy_failed(res, "pct pull of %s" % in_path, vmid, _pct.pull_problem(res.rc, stderr, digests))
+            with _no_file_left_on_failure(out_path):
+                self._session.get(tmp, out_path)
+                if secure_hash(out_path, hash_func=hashlib.sha256) != digests[0]:
+                    raise AnsibleError("pct_ssh: fetching %s from container %d: the copy on the controller differs from the source" % (in_path, vmid))
         finally:
             self._cleanup(tmpdir)
 

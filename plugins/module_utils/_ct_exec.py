@@ -14,6 +14,7 @@ the module's result; the command lines come from ``_pct``, the host side from
 from __future__ import annotations
 
 import os
+import platform
 import time
 import typing as t
 
@@ -94,8 +95,11 @@ def exec_in_container(module: t.Any) -> t.Dict[str, t.Any]:
 
 
 def execute(module: t.Any, pct: Pct, vmid: int, cmd: t.List[str], p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
-    status = ct_status(module, pct, vmid)
-    out: t.Dict[str, t.Any] = {"ct_status": status}
+    state = _pct_host.ct_state(module, vmid, pct.path, pct.prefix, pct.method)
+    status = state.status
+    out: t.Dict[str, t.Any] = state.as_result()
+    if state.frozen:
+        raise ExecFailure(_pct.frozen_message(vmid, platform.node(), state.lock), **out)
     if status != "running":
         if not p["ensure_running"]:
             raise ExecFailure(
@@ -135,6 +139,8 @@ def execute(module: t.Any, pct: Pct, vmid: int, cmd: t.List[str], p: t.Mapping[s
         out.update(failed=True, msg="GNU timeout is missing inside container %d: install coreutils there" % vmid)
     elif ran.rc == _pct.CHDIR_FAILED_RC and "cannot enter directory" in ran.stderr:
         out.update(failed=True, msg="chdir %s does not exist inside container %d; nothing was run" % (p["chdir"], vmid))
+    elif _pct.keep_env_unknown(ran.stderr, platform.node()):
+        out.update(failed=True, msg=_pct.keep_env_unknown(ran.stderr, platform.node()))
     elif ran.rc != 0:
         kind = _pct.classify_failure(ran.stderr)
         if kind == _pct.FAIL_STOPPED:

@@ -14,9 +14,12 @@ module's result; the command lines come from ``_pct``, the host side from
 from __future__ import annotations
 
 import os
+import platform
+import time
 import typing as t
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct, _pct_host
+from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
 
 OPERATIONS = ("status", "start", "stop", "shutdown", "reboot")
 PCT_DEFAULT_TIMEOUT = 60  # lxc-stop's default, which pct uses without --timeout
@@ -50,6 +53,16 @@ def validate(p: t.Mapping[str, t.Any]) -> int:
     return vmid
 
 
+def wait_for_status(module: t.Any, vmid: int, p: t.Mapping[str, t.Any], prefix: t.List[str], want: str, within: float) -> str:
+    """Poll ``pct status`` until container VMID is WANT or WITHIN seconds have passed; the last status."""
+    deadline = Deadline(within)
+    while True:
+        status = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
+        if status == want or deadline.expired():
+            return status
+        time.sleep(min(1.0, max(0.0, deadline.remaining())))
+
+
 def power(module: t.Any) -> t.Dict[str, t.Any]:
     """Run ``proxmox_ct_power``: returns the module's result, with ``failed=True`` and ``msg`` on failure."""
     p = module.params
@@ -64,13 +77,17 @@ def power(module: t.Any) -> t.Dict[str, t.Any]:
     result["cmd"] = cmd
     try:
         _pct_host.check_host(p["pct_path"])
-        status = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
-        result["ct_status"] = status
+        state = _pct_host.ct_state(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
+        status = state.status
+        result.update(state.as_result())
         if op == "status":
             result.update(stdout="status: %s\n" % status, stdout_lines=["status: %s" % status])
             return result
         if _ALREADY.get(op) == status:
             return dict(result, msg="container %d is already %s" % (vmid, status))
+        if state.lock:
+            # pct refuses start/stop/shutdown itself; reboot does not look, and stops a CT it cannot start again
+            raise _pct_host.PctHostFailure(_pct.locked_message(vmid, platform.node(), state.lock, _pct.quote(cmd)))
         if module.check_mode:
             result.update(changed=True, msg="would run: %s" % _pct.quote(cmd))
             return result
@@ -80,17 +97,35 @@ def power(module: t.Any) -> t.Dict[str, t.Any]:
         refused = _pct_host.sudo_refused(ran.stderr, p["pct_path"], p["pct_become_method"])
         if refused:
             raise _pct_host.PctHostFailure(refused, changed=False)
+        result["ha_request"] = _pct.ha_request(ran.stdout)
         result["ct_status"] = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
         if ran.hung:
+            # pct runs the power action as a task worker in its own session: killing pct's process group does
+            # not reach it, so it may still be working and holding the config lock
             raise _pct_host.PctHostFailure(
-                "`pct %s %d` did not return within command_timeout=%ds; killed it (and its process group) on the host" % (op, vmid, bound),
+                "`pct %s %d` did not return within command_timeout=%ds: pct was killed, but its task runs in its own "
+                "session and may still be working (and holding the config lock); CT %d is %s now. Look at `pct status %d` "
+                "and the task log (`pvenode task list`) before acting again" % (op, vmid, bound, vmid, result["ct_status"], vmid),
                 timed_out=True,
             )
+        want = _ALREADY.get(op)
+        if ran.rc == 0 and want and result["ct_status"] != want:
+            result["ct_status"] = wait_for_status(module, vmid, p, prefix, want, max(1.0, bound - ran.elapsed))
+            if result["ct_status"] != want:
+                how = ("it is HA-managed: pct only asked the HA manager (%r) and returned" % ran.stdout.strip()
+                       if result["ha_request"] else "pct returned 0")
+                raise _pct_host.PctHostFailure(
+                    "`pct %s %d` did not lead to %s: %s, and CT %d was still %s after %d s. See `ha-manager status` "
+                    "(an HA resource in the state error or ignored is not acted on)"
+                    % (op, vmid, want, how, vmid, result["ct_status"], bound))
         if ran.rc != 0:
             if _ALREADY.get(op) == result["ct_status"] and _pct.classify_failure(ran.stderr) == _pct.FAIL_STOPPED:
                 # stopped meanwhile (by a reboot that failed while starting, for example): the goal holds
                 result.update(changed=False, msg="container %d is already %s" % (vmid, result["ct_status"]))
                 return result
+            lock = _pct.locked_by(ran.stderr)
+            if lock:  # taken between our look and pct's
+                raise _pct_host.PctHostFailure(_pct.locked_message(vmid, platform.node(), lock, _pct.quote(cmd)), lock=lock)
             last = [line for line in ran.stderr.splitlines() if line.strip()]
             raise _pct_host.PctHostFailure("`pct %s %d` failed (rc %d): %s" % (op, vmid, ran.rc, last[-1] if last else "no message"))
     except _pct_host.PctHostFailure as e:

@@ -220,6 +220,67 @@ def transfer_argv(
     )
 
 
+# `pct push` and `pct pull` exit 0 when the copy fails: pve-container's pct.pm gives them no exit-code handler,
+# so the CLI prints the error on stderr and exits 0 (and a failed pull leaves the destination it created, empty).
+# Their exit code proves nothing; every copy is checked by the size (and, for pull, the SHA-256) it left.
+SIZE_PROBE = ["stat", "-c", "%s", "--"]
+DIGEST_PROBE = ["sha256sum", "--"]
+
+
+def then(*lines: str) -> str:
+    """Host shell text that runs each of LINES only while the ones before it succeed (``a && b``)."""
+    return " && ".join(lines)
+
+
+def not_sudo_noise(stderr: str) -> str:
+    """STDERR without sudo's own warnings (``sudo: unable to resolve host ...``), which say nothing of the copy."""
+    return "\n".join(line for line in (stderr or "").splitlines() if line.strip() and not line.startswith("sudo: "))
+
+
+def parse_size(stdout: str) -> t.Optional[int]:
+    """The byte count ``stat -c %s`` printed as the last line of STDOUT, or None."""
+    lines = (stdout or "").strip().splitlines()
+    return int(lines[-1]) if lines and lines[-1].strip().isdigit() else None
+
+
+def parse_digests(stdout: str) -> t.List[str]:
+    """The SHA-256 digests, in order, that ``sha256sum`` printed in STDOUT (one per line; a line starts with a
+    backslash when sha256sum escaped a newline or backslash in the file's name)."""
+    return [m.group(1) for m in re.finditer(r"^\\?([0-9a-f]{64}) ", stdout or "", re.MULTILINE)]
+
+
+def copy_problem(rc: int, stderr: str, expected: int, got: t.Optional[int]) -> t.Optional[str]:
+    """Why a push (``COPY && SIZE_PROBE``) failed, or None when the copy is whole.
+
+    RC and STDERR are the whole line's; EXPECTED is the source's size, GOT the size the probe printed. pct's own
+    message comes first on stderr, so it is the reason; a short copy with nothing said (a full disk under
+    ``pct push``) is named by its sizes.
+    """
+    said = not_sudo_noise(stderr)
+    if rc == 0 and not said and got == expected:
+        return None
+    if said:
+        return said
+    if got is not None:
+        return "the copy has %d bytes, the source %d (truncated: is the destination's disk full?)" % (got, expected)
+    return "rc %s and no message" % rc
+
+
+def pull_problem(rc: int, stderr: str, digests: t.Sequence[str]) -> t.Optional[str]:
+    """Why a pull (``SOURCE_DIGEST && PULL && PULLED_DIGEST``) failed, or None when the pulled file is the source.
+
+    DIGESTS are the source's and the pulled file's, in that order, as far as the line got.
+    """
+    said = not_sudo_noise(stderr)
+    if rc == 0 and not said and len(digests) == 2 and digests[0] == digests[1]:
+        return None
+    if said:
+        return said
+    if len(digests) == 2:
+        return "the pulled copy differs from the source (truncated: is the PVE host's disk full?)"
+    return "rc %s and no message" % rc
+
+
 def quote(argv: t.Sequence[str]) -> str:
     """Quote ARGV once for a POSIX shell (the PVE host's login shell)."""
     return shlex.join(list(argv))
@@ -233,12 +294,85 @@ def parse_pct_status(text: str) -> str:
     return m.group(1)
 
 
+# A frozen container: a backup in suspend mode (vzdump) freezes it until the backup ends, under ``lock: backup``.
+# `pct status` still says running, and `pct exec` (lxc-attach joins the frozen cgroup) hangs until the thaw.
+# Proxmox VE puts a container in the cgroup lxc/VMID with the inner cgroup ns (pve-container LXC.pm
+# update_lxc_config: lxc.cgroup.dir.container and .inner); vzdump freezes the inner one on cgroup v2 (lxc's
+# freeze command) and lxc/VMID on v1 (PVE::CGroup freeze_thaw). A frozen parent freezes its children, and both
+# files below report the effective state, so reading the inner cgroup sees either.
+CGROUP_ROOT = "/sys/fs/cgroup"
+FROZEN_RC = 75  # EX_TEMPFAIL: pct_ssh's host-side guard found the container frozen and ran nothing
+FROZEN_MARK = "pct_ssh-frozen-guard:"
+
+
+def freeze_state_files(vmid: int, root: str = CGROUP_ROOT) -> t.List[str]:
+    """The files that tell whether container VMID is frozen: cgroup v2 (unified, or hybrid's unified mount)
+    ``cgroup.events`` and cgroup v1 ``freezer.state``, of its inner cgroup."""
+    inner = "lxc/%d/ns" % validate_vmid(vmid)
+    return ["%s/%s/cgroup.events" % (root, inner), "%s/unified/%s/cgroup.events" % (root, inner),
+            "%s/freezer/%s/freezer.state" % (root, inner)]
+
+
+def frozen_in(path: str, text: str) -> bool:
+    """Whether the content TEXT of one of :func:`freeze_state_files` (PATH) says frozen (or freezing)."""
+    if path.endswith("/freezer.state"):
+        return text.strip() in ("FROZEN", "FREEZING")
+    return "frozen 1" in (line.strip() for line in text.splitlines())
+
+
+def frozen_guard(vmid: int, root: str = CGROUP_ROOT) -> str:
+    """Host shell text that fails with FROZEN_RC and FROZEN_MARK on stderr when container VMID is frozen, and
+    succeeds otherwise; ``guard && pct exec ...`` never starts a command that would hang in a frozen container."""
+    v2, hybrid, v1 = (shlex.quote(path) for path in freeze_state_files(vmid, root))
+    return ("! { grep -qsx 'frozen 1' %s %s || grep -qsx -e FROZEN -e FREEZING %s; } || { echo '%s CT %d is frozen' >&2; exit %d; }"
+            % (v2, hybrid, v1, FROZEN_MARK, vmid, FROZEN_RC))
+
+
+def frozen_message(vmid: int, host: str, lock: t.Optional[str] = None) -> str:
+    """What to tell the user about a frozen container VMID on HOST (LOCK: its config lock, when known)."""
+    why = "lock: %s" % lock if lock else "a backup in suspend mode freezes it until the backup ends"
+    return ("container %d on %s is frozen (%s): a command in it would hang until it is thawed, so nothing was run. "
+            "Retry after the backup ends (`pct config %d` shows its lock), or thaw it on the host if nothing should "
+            "hold it frozen." % (vmid, host, why, vmid))
+
+
+def parse_status_verbose(text: str) -> t.Dict[str, str]:
+    """``pct status VMID --verbose`` (``key: value`` lines) as a dict; raise ``PctError`` without a status."""
+    fields = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip():
+            fields[key.strip()] = value.strip()
+    if "status" not in fields:
+        raise PctError("unexpected `pct status --verbose` output: %r" % (text,))
+    return fields
+
+
+_LOCKED_RE = re.compile(r"\bCT is locked \(([^)]*)\)")
+
+
+def locked_by(stderr: str) -> t.Optional[str]:
+    """The lock named in pct's refusal ``CT is locked (backup)`` (pve-guest-common AbstractConfig check_lock)."""
+    m = _LOCKED_RE.search(stderr or "")
+    return m.group(1) if m else None
+
+
+def locked_message(vmid: int, host: str, lock: str, operation: str) -> str:
+    """What to tell the user when OPERATION meets container VMID's config lock LOCK on HOST."""
+    after = "the backup" if lock == "backup" else "the %s" % lock
+    return ("CT %d is locked (%s) on %s: pct refuses start, stop and shutdown while it is, and a reboot would stop it "
+            "and then fail to start it, so `%s` was not run. Retry after %s ends, or, if nothing holds it (`pct list` "
+            "shows the lock; a crashed backup leaves one behind), clear it with `pct unlock %d` and run again."
+            % (vmid, lock, host, operation, after, vmid))
+
+
 # Classes of pct/sudo failures that the callers turn into their own messages.
 FAIL_STOPPED = "stopped"
 FAIL_MISSING = "missing"
 FAIL_SUDO = "sudo"
 FAIL_PCT_NOT_FOUND = "pct_not_found"
 FAIL_NOT_ROOT = "not_root"
+FAIL_NO_BECOME = "no_become"
 
 
 def classify_failure(stderr: str) -> t.Optional[str]:
@@ -255,11 +389,47 @@ def classify_failure(stderr: str) -> t.Optional[str]:
         return FAIL_MISSING
     if "a password is required" in low or "a terminal is required" in low or "is not allowed to execute" in low or "not in the sudoers" in low:
         return FAIL_SUDO
-    if re.search(r"\b(pct|sudo|doas):( command)? not found|\bpct: No such file", text):
+    # a stock Proxmox VE install has no sudo: the shell (or GNU timeout, on the modules' side) says so
+    if re.search(r"\b(sudo|doas):( command)? not found|failed to run command .(?:sudo|doas).: No such file", text):
+        return FAIL_NO_BECOME
+    if re.search(r"\bpct:( command)? not found|\bpct: No such file|failed to run command .[^ ]*pct.: No such file", text):
         return FAIL_PCT_NOT_FOUND
-    if "must be root" in low or "only root can" in low or "permission denied" in low and "pct" in low:
+    # pct as a user pmxcfs refuses: its IPC fails before anything else (pve-cluster pmxcfs server.c, then
+    # pve-access-control RPCEnvironment init_request); a www-data member gets pve-common's "please run as root"
+    if ("must be root" in low or "only root can" in low or "please run as root" in low or "ipcc_send_rec" in low
+            or "unable to load access control list" in low or "permission denied" in low and "pct" in low):
         return FAIL_NOT_ROOT
     return None
+
+
+def keep_env_unknown(stderr: str, host: str) -> t.Optional[str]:
+    """The message for a pct that does not know ``--keep-env`` (pve-container before 5.0.9: PVE 8.0/8.1 not
+    updated), or None. pct's option parser fails before anything runs, so its line comes first on STDERR and a
+    command's own output cannot mimic it."""
+    if not (stderr or "").startswith("Unknown option: keep-env"):
+        return None
+    return ("pct on %s does not know --keep-env (pve-container older than 5.0.9, an un-updated Proxmox VE 8.0 or 8.1): "
+            "update the host, or leave keep_env unset (pct then keeps the environment, as later releases do by default)" % host)
+
+
+_HA_REQUEST_RE = re.compile(r"^Requesting HA (start|stop) for CT (\d+)$", re.MULTILINE)
+
+
+def ha_request(stdout: str) -> t.Optional[str]:
+    """``start`` or ``stop`` when pct only queued the request with the HA manager (an HA-managed CT:
+    pve-container API2/LXC/Status.pm prints ``Requesting HA start for CT 200`` and runs ``ha-manager``, then
+    returns 0 with the container's state unchanged), else None."""
+    m = _HA_REQUEST_RE.search(stdout or "")
+    return m.group(1) if m else None
+
+
+def no_become_message(host: str, user: str, method: str, pct_path: str) -> str:
+    """What to tell USER when HOST has no METHOD (sudo) to run pct with, and the ways on."""
+    return ("%s has no %s (a stock Proxmox VE install ships none), so host user %s cannot run pct. Install it there "
+            "(`apt install sudo`) and add the rule `%s` (or the narrower wrapper in the collection's README, \"Least "
+            "privilege on the PVE host\"); or log in as root (ansible_user: root, with a key limited in "
+            "authorized_keys); or set proxmox_become_method to a method the host has"
+            % (host, method.split()[0] if method.strip() else "sudo", user, missing_rule_hint(user, method, pct_path)))
 
 
 def parse_vmlist(text: str, vmid: int) -> t.Optional[str]:

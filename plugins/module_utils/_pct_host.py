@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import pwd
 import time
 import typing as t
@@ -97,7 +98,7 @@ def run_captured(module: t.Any, argv: t.List[str], stdin: t.Optional[bytes], tim
 def base_result(**extra: t.Any) -> t.Dict[str, t.Any]:
     """The result of a pct module before anything ran (the keys it always returns)."""
     return dict(changed=False, stdout="", stderr="", stdout_lines=[], stderr_lines=[], cmd=[], ct_status="unknown",
-                timed_out=False, elapsed=0.0, **extra)
+                lock=None, frozen=False, timed_out=False, elapsed=0.0, **extra)
 
 
 def failed(result: t.Dict[str, t.Any], failure: PctHostFailure) -> t.Dict[str, t.Any]:
@@ -106,8 +107,12 @@ def failed(result: t.Dict[str, t.Any], failure: PctHostFailure) -> t.Dict[str, t
 
 
 def sudo_refused(stderr: str, pct_path: str, method: str) -> t.Optional[str]:
-    """The message for a become method that refused to run pct, or None when STDERR is something else."""
-    if _pct.classify_failure(stderr) != _pct.FAIL_SUDO:
+    """The message for a become method that refused to run pct (or is not installed), or None when STDERR is
+    something else."""
+    kind = _pct.classify_failure(stderr)
+    if kind == _pct.FAIL_NO_BECOME:
+        return _pct.no_become_message(platform.node(), login_user(), method, pct_path)
+    if kind != _pct.FAIL_SUDO:
         return None
     user = login_user()
     first = stderr.strip().splitlines()[0] if stderr.strip() else "no output"
@@ -118,9 +123,9 @@ def sudo_refused(stderr: str, pct_path: str, method: str) -> t.Optional[str]:
     )
 
 
-def ct_status(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], method: str = "sudo") -> str:
-    """``pct status VMID`` -> running/stopped/...; raise ``PctHostFailure`` naming what went wrong."""
-    rc, out, err, hung = run(module, _pct.pct_argv("status", vmid, pct_path=pct_path, prefix=prefix), None, STATUS_TIMEOUT)
+def _status_output(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], method: str, *args: str) -> str:
+    """The output of ``pct status VMID ARGS``; raise ``PctHostFailure`` naming what went wrong."""
+    rc, out, err, hung = run(module, _pct.pct_argv("status", vmid, *args, pct_path=pct_path, prefix=prefix), None, STATUS_TIMEOUT)
     text = err.decode("utf-8", "replace").strip()
     if hung:
         raise PctHostFailure("`pct status %d` did not answer within %d s" % (vmid, STATUS_TIMEOUT))
@@ -131,10 +136,49 @@ def ct_status(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], 
         if _pct.classify_failure(text) == _pct.FAIL_MISSING:
             raise PctHostFailure("container %d does not exist on this host (%s); check vmid against `pct list`" % (vmid, text), ct_status="missing")
         raise PctHostFailure("`pct status %d` failed (rc %d): %s" % (vmid, rc, text))
+    return out.decode("utf-8", "replace")
+
+
+def ct_status(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], method: str = "sudo") -> str:
+    """``pct status VMID`` -> running/stopped/...; raise ``PctHostFailure`` naming what went wrong."""
     try:
-        return _pct.parse_pct_status(out.decode("utf-8", "replace"))
+        return _pct.parse_pct_status(_status_output(module, vmid, pct_path, prefix, method))
     except _pct.PctError as e:
         raise PctHostFailure(str(e)) from None
+
+
+class CtState(t.NamedTuple):
+    """A container as its PVE host sees it: pct's status, its config lock (None without one), and whether its
+    cgroup is frozen (pct says running then)."""
+
+    status: str
+    lock: t.Optional[str]
+    frozen: bool
+
+    def as_result(self) -> t.Dict[str, t.Any]:
+        return dict(ct_status=self.status, lock=self.lock, frozen=self.frozen)
+
+
+def is_frozen(vmid: int, root: str = _pct.CGROUP_ROOT) -> bool:
+    """Whether container VMID's cgroup is frozen, read from the cgroup files (world-readable: no pct, no root)."""
+    for path in _pct.freeze_state_files(vmid, root):
+        try:
+            with open(path, encoding="ascii", errors="replace") as handle:
+                if _pct.frozen_in(path, handle.read()):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def ct_state(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], method: str = "sudo") -> CtState:
+    """Container VMID's :class:`CtState` (``pct status --verbose`` and its cgroup); raise ``PctHostFailure``."""
+    try:
+        fields = _pct.parse_status_verbose(_status_output(module, vmid, pct_path, prefix, method, "--verbose"))
+    except _pct.PctError as e:
+        raise PctHostFailure(str(e)) from None
+    status = fields["status"]
+    return CtState(status, fields.get("lock") or None, status == "running" and is_frozen(vmid))
 
 
 def check_host(pct_path: str) -> None:

@@ -20,6 +20,8 @@ description:
     saying so.
   - O(creates)/O(removes) make it idempotent like M(ansible.builtin.command); they are checked inside the container.
   - O(ensure_running) starts a stopped container first and waits until commands run in it.
+  - "A frozen container (a backup in suspend mode freezes it until the backup ends, while C(pct status) still
+    says C(running)) fails at once, naming the freeze and its lock; nothing is run, where C(pct exec) would hang."
   - "Needs no root login and no full sudo on the host. Run as root, it runs C(pct) directly; run as any other
     user (the login user, without C(become)), it runs C(pct) through O(pct_become_method) (C(sudo -n)), so the
     one rule 'pveops ALL=(root) NOPASSWD: /usr/sbin/pct' (the rule the P(gpuops.repurpose.pct_ssh#connection)
@@ -87,8 +89,10 @@ options:
     default: 120
   keep_env:
     description:
-      - V(true)/V(false) pass C(--keep-env 1)/C(--keep-env 0) to C(pct exec); unset keeps the Proxmox VE
-        release's default, which changes between releases.
+      - V(true)/V(false) pass C(--keep-env 1)/C(--keep-env 0) to C(pct exec). Unset passes nothing, which works on
+        every release (Proxmox VE 8 and 9 keep the environment by default).
+      - A host whose C(pct) is older than pve-container 5.0.9 (Proxmox VE 8.0 or 8.1 not updated) does not know the
+        option; a set value fails there with a message saying so.
     type: bool
   pct_path:
     description: Path of C(pct) on the host (a sudo rule must name this exact path).
@@ -191,6 +195,19 @@ ct_status:
   returned: always
   type: str
   sample: running
+lock:
+  description:
+    - The container's config lock (C(pct config) C(lock:)) when the module looked, such as C(backup) during a
+      backup; null without one.
+  returned: always
+  type: str
+  sample: backup
+frozen:
+  description:
+    - Whether the container's cgroup was frozen when the module looked (a backup in suspend mode freezes it;
+      C(pct status) still says C(running)). The module runs nothing in a frozen container and fails at once.
+  returned: always
+  type: bool
 started:
   description: Whether the module started the container (O(ensure_running)).
   returned: always

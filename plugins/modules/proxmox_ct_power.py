@@ -19,6 +19,14 @@ description:
     O(pct_become_method) (C(sudo -n)), so the rule 'pveops ALL=(root) NOPASSWD: /usr/sbin/pct' is enough.
     A missing rule fails at once, naming the rule to add."
   - V(start) of a running and V(stop) or V(shutdown) of a stopped container change nothing.
+  - "V(start), V(stop) and V(shutdown) end when the container has reached the state they lead to, not when C(pct)
+    returns: for an HA-managed container C(pct) only queues the request with the HA manager and returns at once,
+    so the module waits (within O(command_timeout)) and fails naming the HA request when the state did not come."
+  - "When O(command_timeout) kills C(pct), the task C(pct) started in its own session may still be running (and
+    holding the config lock); the failure says so and reports the state the container is in."
+  - "A container with a config lock (C(lock: backup) while a backup runs) is not started, stopped, shut down or
+    rebooted: the module fails naming the lock and what to do. C(pct) refuses the first three itself; a
+    V(reboot) it does not refuse, but it would stop the container and then fail to start it."
   - Every run is bounded on the host by O(command_timeout) (C(timeout -s KILL)); for V(reboot) and V(shutdown)
     the default is longer than C(pct)'s own bound, so C(pct) gives up by itself first and is never left running.
 options:
@@ -134,6 +142,27 @@ ct_status:
   returned: always
   type: str
   sample: running
+ha_request:
+  description:
+    - V(start) or V(stop) when C(pct) only queued the request with the HA manager (an HA-managed container, for
+      which C(pct) prints C(Requesting HA start for CT 200) and returns at once); the module then waited for the
+      state. Null otherwise.
+  returned: when C(pct) ran
+  type: str
+  sample: start
+lock:
+  description:
+    - The container's config lock (C(pct config) C(lock:)) when the module looked, such as C(backup) during a
+      backup; null without one.
+  returned: always
+  type: str
+  sample: backup
+frozen:
+  description:
+    - Whether the container's cgroup was frozen when the module looked (a backup in suspend mode freezes it;
+      C(pct status) still says C(running)). The module runs nothing in a frozen container and fails at once.
+  returned: always
+  type: bool
 timed_out:
   description: Whether O(command_timeout) expired and C(pct) was killed.
   returned: always

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.inventory import pct_ssh_hostvars as base_vars
-from tests.support.lab import DECOY_CT, MAIN_CT, NOSUDO_USER, lab_status, require_stopped
+from tests.support.lab import DECOY_CT, MAIN_CT, NOSUDO_USER, SUDO_USER, lab_status, require_stopped
 from tests.support.playbook import run_json_play
 
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(300)]
@@ -38,6 +38,10 @@ def cases(status: dict, tmp: Path) -> dict:
                               [f"host user {NOSUDO_USER} may not run pct",
                                f"`{NOSUDO_USER} ALL=(root) NOPASSWD: /usr/sbin/pct`"]),
         "unreachable": (base_vars(status, ansible_port=1), ["cannot reach the Proxmox VE host 127.0.0.1:1"]),
+        # the lab host has no doas, as a stock Proxmox VE install has no sudo: named, never blamed on pct_path
+        "become_missing": (base_vars(status, ansible_user=SUDO_USER, proxmox_become_method="doas"),
+                           ["has no doas (a stock Proxmox VE install ships none)", f"host user {SUDO_USER} cannot run pct",
+                            f"`permit nopass {SUDO_USER} as root cmd /usr/sbin/pct`"]),
     }
 
 
@@ -56,7 +60,8 @@ def outcome(lab, tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "case", ["vmid_injection", "vmid_missing", "ct_stopped", "wrong_key", "unknown_host_key", "sudo_rule_missing", "unreachable"]
+    "case", ["vmid_injection", "vmid_missing", "ct_stopped", "wrong_key", "unknown_host_key", "sudo_rule_missing", "unreachable",
+             "become_missing"]
 )
 def test_documented_error(outcome, case):
     table, results = outcome[:2]

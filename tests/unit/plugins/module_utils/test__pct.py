@@ -7,6 +7,7 @@ argv it produced, so quoting is proven by a shell, not by string comparison.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -207,6 +208,11 @@ def test_parse_pct_status_rejects_garbage():
         ("Sorry, user pvenosudo is not allowed to execute '/usr/sbin/pct status 200' as root on pve1.\n", _pct.FAIL_SUDO),
         ("sh: 1: /usr/sbin/pct: not found\n", _pct.FAIL_PCT_NOT_FOUND),
         ("bash: pct: command not found\n", _pct.FAIL_PCT_NOT_FOUND),
+        ("bash: sudo: command not found\n", _pct.FAIL_NO_BECOME),
+        ("sh: 1: sudo: not found\n", _pct.FAIL_NO_BECOME),
+        ("timeout: failed to run command \u2018sudo\u2019: No such file or directory\n", _pct.FAIL_NO_BECOME),
+        ("ipcc_send_rec[1] failed: Unknown error -1\nUnable to load access control list: Unknown error -1\n", _pct.FAIL_NOT_ROOT),
+        ("please run as root\n", _pct.FAIL_NOT_ROOT),
         ("ls: cannot access 'x': No such file or directory\n", None),
         ("", None),
     ],
@@ -272,3 +278,107 @@ def test_wrap_argv_chdir_runs_in_a_real_shell(tmp_path, directory):
         assert res.returncode == _pct.CHDIR_FAILED_RC and "cannot enter directory" in res.stderr
     else:
         assert res.returncode == 0 and res.stdout == target + "\n"
+
+
+# pct push/pull exit 0 when the copy fails (pve-container src/PVE/CLI/pct.pm gives them no exit-code
+# handler): the verdict comes from the stderr and the sizes/digests the checks printed.
+@pytest.mark.parametrize(
+    "rc,stderr,got,expected",
+    [
+        (0, "", "5\n", None),
+        (0, "sudo: unable to resolve host pve1: Name or service not known\n", "5\n", None),
+        (0, "failed to open /tmp/x for reading\n", "5\n", "failed to open /tmp/x for reading"),
+        (1, "failed to create file: /nope/f: No such file or directory\nstat: cannot statx '/nope/f': No such file or directory\n",
+         "", "failed to create file: /nope/f: No such file or directory\nstat: cannot statx '/nope/f': No such file or directory"),
+        (0, "", "3\n", "the copy has 3 bytes, the source 5 (truncated: is the destination's disk full?)"),
+        (1, "", "", "rc 1 and no message"),
+    ],
+)
+def test_copy_problem_trusts_the_checks_not_pct_s_exit_code(rc, stderr, got, expected):
+    assert _pct.copy_problem(rc, stderr, 5, _pct.parse_size(got)) == expected
+
+
+def test_pull_problem_compares_the_source_and_pulled_digests():
+    a, b = "a" * 64, "b" * 64
+    out = "%s  /etc/hosts\n%s  /tmp/x/file\n"
+    assert _pct.pull_problem(0, "", _pct.parse_digests(out % (a, a))) is None
+    assert _pct.pull_problem(0, "", _pct.parse_digests(out % (a, b))) == (
+        "the pulled copy differs from the source (truncated: is the PVE host's disk full?)")
+    said = "failed to open /etc/nope: No such file or directory\n"
+    assert _pct.pull_problem(0, said, _pct.parse_digests(out % (a, "e3b0" + "0" * 60))) == said.strip()
+    assert _pct.pull_problem(1, "sha256sum: /etc/nope: No such file or directory\n", []) == (
+        "sha256sum: /etc/nope: No such file or directory")
+
+
+def test_digests_of_files_whose_names_sha256sum_escaped_are_read(tmp_path):
+    name = tmp_path / "line\nbreak \\ and 'q'"
+    name.write_bytes(b"x")
+    out = subprocess.run(["sha256sum", "--", str(name), str(name)], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("\\")
+    assert _pct.parse_digests(out) == ["2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a4881"] * 2
+
+
+def test_then_runs_each_line_only_after_the_one_before_succeeded():
+    assert _pct.then("pct push 200 a b", "pct exec 200 -- stat -c %s -- b") == "pct push 200 a b && pct exec 200 -- stat -c %s -- b"
+
+
+FROZEN_FILES = {  # what each of freeze_state_files holds in a frozen container, and in a running one
+    "cgroup.events": ("populated 1\nfrozen 1\n", "populated 1\nfrozen 0\n"),
+    "freezer.state": ("FROZEN\n", "THAWED\n"),
+}
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["cgroup_v2", "hybrid_unified", "cgroup_v1"])
+def test_a_frozen_container_is_seen_by_the_module_reader_and_by_the_host_shell_guard(tmp_path, which):
+    from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct_host
+
+    path = _pct.freeze_state_files(200, str(tmp_path))[which]
+    os.makedirs(os.path.dirname(path))
+    frozen, thawed = FROZEN_FILES[os.path.basename(path)]
+    guard = _pct.frozen_guard(200, str(tmp_path)) + " && echo ran"
+    for text, expected in ((thawed, False), (frozen, True)):
+        with open(path, "w") as handle:
+            handle.write(text)
+        assert _pct_host.is_frozen(200, str(tmp_path)) is expected
+        done = subprocess.run(["/bin/sh", "-c", guard], capture_output=True, text=True, check=False)
+        if expected:
+            assert (done.returncode, done.stdout) == (_pct.FROZEN_RC, "")
+            assert done.stderr == "%s CT 200 is frozen\n" % _pct.FROZEN_MARK
+        else:
+            assert (done.returncode, done.stdout, done.stderr) == (0, "ran\n", "")
+    assert _pct_host.is_frozen(201, str(tmp_path)) is False  # another container's files are not read
+
+
+def test_freeze_files_are_those_of_the_containers_inner_cgroup_as_pve_lays_them_out():
+    assert _pct.freeze_state_files(200) == ["/sys/fs/cgroup/lxc/200/ns/cgroup.events",
+                                            "/sys/fs/cgroup/unified/lxc/200/ns/cgroup.events",
+                                            "/sys/fs/cgroup/freezer/lxc/200/ns/freezer.state"]
+    with pytest.raises(_pct.PctError):
+        _pct.freeze_state_files("200; reboot")
+
+
+def test_status_verbose_gives_the_lock_and_a_locked_refusal_names_it():
+    fields = _pct.parse_status_verbose("cpus: 32\nlock: backup\nname: ct200\npid: 4443\nstatus: running\n")
+    assert (fields["status"], fields["lock"], fields["pid"]) == ("running", "backup", "4443")
+    with pytest.raises(_pct.PctError):
+        _pct.parse_status_verbose("ipcc_send_rec[1] failed: Unknown error -1\n")
+    assert _pct.locked_by("CT is locked (backup)\n") == "backup"
+    assert _pct.locked_by("CT is locked (snapshot-delete)\n") == "snapshot-delete"
+    assert _pct.locked_by("CT 200 not running\n") is None
+    msg = _pct.locked_message(200, "pve1", "backup", "pct reboot 200")
+    assert msg.startswith("CT 200 is locked (backup) on pve1:") and "`pct reboot 200` was not run" in msg
+    assert "`pct unlock 200`" in msg
+
+
+def test_a_pct_without_keep_env_is_named_only_by_pct_s_own_first_line():
+    msg = _pct.keep_env_unknown("Unknown option: keep-env\n400 unable to parse option\npct exec <vmid> ...\n", "pve1")
+    assert msg.startswith("pct on pve1 does not know --keep-env (pve-container older than 5.0.9")
+    assert _pct.keep_env_unknown("boom\nUnknown option: keep-env\n", "pve1") is None  # the command's own output
+    assert _pct.keep_env_unknown("", "pve1") is None
+
+
+def test_an_ha_request_is_told_from_a_done_power_action():
+    assert _pct.ha_request("Requesting HA start for CT 200\n") == "start"
+    assert _pct.ha_request("Requesting HA stop for CT 200\n") == "stop"
+    assert _pct.ha_request("") is None
+    assert _pct.ha_request("WARN: Requesting HA start for CT 200 later\n") is None

@@ -109,16 +109,16 @@ def test_non_root_runs_pct_through_the_become_method_and_root_directly(fake_pct)
     r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "reboot", "timeout": 7, "pct_become_method": "none"}, as_nobody=True)
     assert not r.get("failed"), r
     assert r["changed"] and r["cmd"] == [str(fake_pct / "pct"), "reboot", "200", "--timeout", "7"]
-    assert calls(fake_pct) == ["nobody status 200", "nobody reboot 200 --timeout 7", "nobody status 200"]
+    assert calls(fake_pct) == ["nobody status 200 --verbose", "nobody reboot 200 --timeout 7", "nobody status 200"]
     (fake_pct / "calls").write_text("")
     r = run_module(fake_pct, "proxmox_ct_exec", {"vmid": 200, "argv": ["true"], "pct_become_method": "env"}, as_nobody=True)
     assert r["cmd"][:2] == ["env", str(fake_pct / "pct")]
-    assert calls(fake_pct)[0] == "nobody status 200"
+    assert calls(fake_pct)[0] == "nobody status 200 --verbose"
     (fake_pct / "calls").write_text("")
     r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200}, as_nobody=False)
     assert r["cmd"] == [str(fake_pct / "pct"), "status", "200"] and r["ct_status"] == "running" and not r["changed"]
     assert r["stdout"] == "status: running\n"
-    assert calls(fake_pct) == ["root status 200"]
+    assert calls(fake_pct) == ["root status 200 --verbose"]
 
 
 def test_power_is_idempotent_and_check_mode_runs_only_status(fake_pct):
@@ -126,7 +126,7 @@ def test_power_is_idempotent_and_check_mode_runs_only_status(fake_pct):
     assert not r["changed"] and "already running" in r["msg"]
     r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "stop"}, as_nobody=False, check_mode=True)
     assert r["changed"] and "would run" in r["msg"]
-    assert calls(fake_pct) == ["root status 200", "root status 200"]
+    assert calls(fake_pct) == ["root status 200 --verbose", "root status 200 --verbose"]
     r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "stop"}, as_nobody=False)
     assert r["changed"] and r["ct_status"] == "stopped"
     r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "shutdown"}, as_nobody=False)

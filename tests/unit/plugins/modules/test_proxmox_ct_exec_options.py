@@ -76,4 +76,4 @@ def test_built_command_is_returned_even_on_failure(tmp_path, recorder):
     # the recorder answers `pct status` with rc 99: the module stops there, having run only that
     assert result["cmd"] == [str(script), "exec", "200", "--", "timeout", "--kill-after=5s", "9s", "echo", "$x `y`"]
     assert result["failed"] and "pct status 200" in result["msg"]
-    assert log.read_text().split("\n")[:-1] == ["status 200"]
+    assert log.read_text().split("\n")[:-1] == ["status 200 --verbose"]
