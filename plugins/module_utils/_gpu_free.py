@@ -17,6 +17,7 @@ import os
 import typing as t
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import (
+    backend_pids_are_ours,
     classify_holders,
     merge_backend_processes,
     scan_holders,
@@ -46,12 +47,17 @@ def nvidia_smi_call_bound(timeout: float, elapsed: float) -> float:
     return round(max(0.5, min(per_call, max(timeout, per_call) - elapsed)), 1)
 
 
+def no_process(pid: int) -> None:
+    """The lookup where no backend PID names a process here (see ``backend_pids_are_ours``)."""
+    return None
+
+
 def classified(found: list[Holder], p: t.Mapping[str, t.Any], sample: Sample,
                selected: t.Sequence[GpuInfo]) -> tuple[list[Holder], list[Holder], list[dict]]:
     """(counted, ignored, foreign) holders: the /proc scan merged with the backend's process list."""
     if found:
         sample.ensure_processes()  # MiB per holder, where the backend knows it
-    found, foreign = merge_backend_processes(found, sample, sample.gpus, read_process)
+    found, foreign = merge_backend_processes(found, sample, sample.gpus, read_process, backend_pids_are_ours())
     counted, ignored = classify_holders(found, selected, p["ignore_processes"], p["container"], read_process)
     return counted, ignored, foreign
 
@@ -113,7 +119,10 @@ def wait_free(p: t.Mapping[str, t.Any], check_mode: bool = False,
             if not judge(selected, discount, p["max_used_mib"]):
                 # only memory held by ignored or out-of-scope processes can still make it free
                 sample.ensure_processes()
-                discount = discounted_mib(sample, p["ignore_processes"], p["container"], read_process)
+                # inside a container the backend's PIDs are the host's: none names a process here, so none is
+                # discounted by a coincidental local match (unknown memory counts)
+                discount = discounted_mib(sample, p["ignore_processes"], p["container"],
+                                          read_process if backend_pids_are_ours() else no_process)
             last_discount.clear()
             last_discount.update(discount)
             return judge(selected, discount, p["max_used_mib"]), {g.index: counted_mib(g, discount) for g in selected}

@@ -27,6 +27,18 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
 )
 
 DEFAULT_DEVICE_PATHS = ("/dev/nvidia*",)
+# The inode of the kernel's initial PID namespace (include/linux/proc_ns.h PROC_PID_INIT_INO). The driver (NVML,
+# nvidia-smi) reports PIDs in that namespace; in any other (inside a container) a backend PID is another
+# process's number, and an equal PID here is a coincidence, never the same process.
+PROC_PID_INIT_INO = 0xEFFFFFFC
+
+
+def backend_pids_are_ours(ns_path: str = "/proc/self/ns/pid") -> bool:
+    """Whether this process runs in the initial PID namespace, where the driver's PIDs name our processes."""
+    try:
+        return os.stat(ns_path).st_ino == PROC_PID_INIT_INO
+    except OSError:
+        return False
 _DEV_INDEX_RE = re.compile(r"nvidia(\d+)$")
 
 
@@ -104,16 +116,19 @@ def scan_holders(patterns: t.Sequence[str] = DEFAULT_DEVICE_PATHS, proc_root: st
 
 
 def merge_backend_processes(holders: list[Holder], sample: t.Optional[Sample], gpus: t.Sequence[GpuInfo],
-                            lookup: t.Callable[[int], t.Optional[t.Any]]) -> tuple[list[Holder], list[dict]]:
+                            lookup: t.Callable[[int], t.Optional[t.Any]],
+                            pids_are_ours: bool = True) -> tuple[list[Holder], list[dict]]:
     """Attach backend MiB to /proc holders and add backend processes the scan could not see.
 
-    Returns (holders, foreign): ``foreign`` are backend PIDs that do not exist
-    in this PID namespace (host PIDs seen from inside a container).
+    Returns (holders, foreign): ``foreign`` are backend PIDs that name no process here: they do not exist in
+    this PID namespace, or (PIDS_ARE_OURS false: :func:`backend_pids_are_ours`, inside a container) every one,
+    since the driver's PIDs are the host's and a process here with the same number is another process. A
+    holder's container comes from its cgroup, never from a PID match.
     """
     if sample is None or not sample.processes:
         return holders, []
     uuid_to_index = {g.uuid: g.index for g in gpus}
-    by_key = {(h.pid, h.gpu): h for h in holders}
+    by_key = {(h.pid, h.gpu): h for h in holders} if pids_are_ours else {}
     foreign = []
     for proc in sample.processes:
         index = uuid_to_index.get(proc.gpu_uuid)
@@ -122,7 +137,7 @@ def merge_backend_processes(holders: list[Holder], sample: t.Optional[Sample], g
             holder.used_mib = proc.used_mib
             holder.gpu_uuid = proc.gpu_uuid
             continue
-        info = lookup(proc.pid)
+        info = lookup(proc.pid) if pids_are_ours else None
         if info is None:
             foreign.append({"pid": proc.pid, "name": proc.name, "gpu_uuid": proc.gpu_uuid, "used_mib": proc.used_mib})
             continue

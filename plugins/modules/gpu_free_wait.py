@@ -252,7 +252,11 @@ ignored_holders:
   type: list
   elements: dict
 foreign_processes:
-  description: Processes the backend lists whose PIDs do not exist in this PID namespace (host PIDs seen from a container).
+  description:
+    - Processes the backend lists whose PIDs name no process here. Inside a container that is every one of them
+      (the driver reports the host's PIDs, and a process here with the same number is another process), so their
+      memory is counted and never attributed or discounted by a PID match; a holder's container comes from its
+      cgroup.
   returned: success
   type: list
   elements: dict

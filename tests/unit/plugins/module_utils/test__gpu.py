@@ -378,3 +378,28 @@ def test_run_command_bounded_and_c_locale(tmp_path):
     assert (rc, out) == (0, "C\n")
     with pytest.raises(GpuError, match="did not answer within 0.5 s"):
         _nvidia_smi_backend.run_command(["sleep", "5"], 0.5)
+
+
+def test_inside_a_container_a_backend_pid_never_names_a_local_process(devices, spawn, tmp_path):
+    """The driver reports host PIDs; in another PID namespace a local process with the same number is another
+    process: it gets no MiB, is not added as a holder, and its memory is never discounted."""
+    xorg = tmp_path / "Xorg"
+    xorg.symlink_to(sys.executable)
+    local = spawn(devices / "nvidia0", exe=str(xorg))  # same number as the host's real GPU user, by chance
+    gpus = gpus_of(80004, 300, 4, 4)
+    found = _gpu_holders.scan_holders([str(devices / "nvidia*")])
+    sample = Sample(at=0, gpus=tuple(gpus), processes=(GpuProcess(local.pid, gpus[0].uuid, 80000),), backend="x")
+    merged, foreign = _gpu_holders.merge_backend_processes(found, sample, gpus, read_process, pids_are_ours=False)
+    assert [(h.pid, h.used_mib) for h in merged] == [(local.pid, None)]
+    assert foreign == [{"pid": local.pid, "name": "", "gpu_uuid": gpus[0].uuid, "used_mib": 80000}]
+    # matched by number, the local Xorg's "ignored" process would take the 80000 MiB off GPU 0: free by mistake
+    assert _gpu_judge.discounted_mib(sample, ["Xorg"], None, read_process) == {gpus[0].uuid: 80000}
+    assert _gpu_judge.discounted_mib(sample, ["Xorg"], None, _gpu_free.no_process) == {}
+    # in the initial PID namespace (the PVE host) the same numbers are the same processes
+    merged, foreign = _gpu_holders.merge_backend_processes(found, sample, gpus, read_process, pids_are_ours=True)
+    assert [(h.pid, h.used_mib) for h in merged] == [(local.pid, 80000)] and foreign == []
+
+
+def test_the_initial_pid_namespace_is_told_by_its_inode(tmp_path):
+    assert _gpu_holders.backend_pids_are_ours() is (os.stat("/proc/self/ns/pid").st_ino == 0xEFFFFFFC)
+    assert _gpu_holders.backend_pids_are_ours(str(tmp_path / "missing")) is False
