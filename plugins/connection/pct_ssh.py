@@ -735,13 +735,16 @@ class Connection(ConnectionBase):
             )
         if kind == _pct.FAIL_MISSING:
             node = None
-            vl = self._run("cat /etc/pve/.vmlist", timeout=30)
-            if vl.rc == 0:
-                node = _pct.parse_vmlist(to_text(vl.stdout, errors="surrogate_or_replace"), vmid)
+            # /etc/pve/.vmlist is root:www-data 0440 (pmxcfs): only root can read where the container lives
+            if self._user() == "root":
+                vl = self._run("cat /etc/pve/.vmlist", timeout=30)
+                if vl.rc == 0:
+                    node = _pct.parse_vmlist(to_text(vl.stdout, errors="surrogate_or_replace"), vmid)
             where = (
                 "it is on cluster node %s: point ansible_host at that node" % node
                 if node
-                else "check proxmox_vmid against `pct list`, or whether it lives on another cluster node"
+                else "check proxmox_vmid against `pct list`, or whether it lives on another cluster node (as root on "
+                "any node, /etc/pve/.vmlist names the node of every guest)"
             )
             raise AnsibleConnectionFailure("pct_ssh: container %d does not exist on %s (%s); %s." % (vmid, self._host(), err, where))
         if kind == _pct.FAIL_NO_BECOME:

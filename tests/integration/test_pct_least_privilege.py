@@ -34,7 +34,7 @@ import pytest
 
 from tests.support.ct200 import ct_init_pid, ct_processes, decoy_pids, gpu_used, lock_holder, trainer_pids
 from tests.support.datagen import WORK, generated_rows, reset_pipeline, wait_pipeline_finished
-from tests.support.lab import MAIN_CT, SUDO_USER, lab_status, restore_trainer, trainer
+from tests.support.lab import MAIN_CT, SUDO_USER, lab_cli, lab_status, restore_trainer, trainer
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import run_playbook
 from tests.support.ssh import attach
@@ -175,8 +175,15 @@ def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     assert not trainer_pids(lab)
 
 
-def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
+@pytest.mark.parametrize("ha", [False, True], ids=["plain", "ha_managed"])
+def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang, ha):
+    """HA_MANAGED: CT200 an HA resource (``lab ha on``). pct reboot has no HA branch, so it runs (into the fault)
+    as before; the fallback's pct stop and pct start then only queue requests with the HA manager and return at
+    once, and the rung must report the state the container really reached, not pct's return."""
     only_pct_rule(lab)
+    if ha:
+        done = lab_cli("ha", "on")
+        assert done.returncode == 0, done.stderr
     trainer("graceful")
     ct(lab, "sh", "-c", "setsid -f python3 /opt/lab/fakegpu/fakegpu.py hold --gpu 5 --mib 12345 >/dev/null 2>&1 </dev/null")
     stray = wait_for(lambda: {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a}, 30, "the stray holder")
@@ -200,6 +207,10 @@ def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
         assert stop["changed"] and stop["cmd"] == SUDO_PCT + ["stop", MAIN_CT] and stop["ct_status"] == "stopped", stop
         assert (start["changed"] and start["cmd"] == SUDO_PCT + ["start", MAIN_CT]
                 and start["ct_status"] == "running"), start
+        # HA-managed: pct said only that it asked, and the module waited for the state the HA manager reached
+        assert (stop["ha_request"], start["ha_request"]) == (("stop", "start") if ha else (None, None)), (stop, start)
+        assert (stop["stdout"], start["stdout"]) == ((f"Requesting HA stop for CT {MAIN_CT}\n",
+                                                     f"Requesting HA start for CT {MAIN_CT}\n") if ha else ("", ""))
         polled = task(tasks, "Restart | Wait until the container is running again")
         assert polled["cmd"] == SUDO_PCT + ["status", MAIN_CT] and polled["ct_status"] == "running"
         text = summary(tasks)
@@ -215,6 +226,8 @@ def test_restart_rung_and_its_fallback_as_pveops(lab, reboot_hang):
         assert not trainer_pids(lab)
         assert lock_holder(lab) is None
     finally:
+        if ha:
+            lab_cli("ha", "off")
         if (lab_status() or {}).get("containers", {}).get(MAIN_CT) == "running":
             for pid in {p for p, a in ct_processes(lab).items() if "fakegpu.py hold" in a} & stray:
                 ct(lab, "kill", "-KILL", str(pid), check=False)
