@@ -689,7 +689,7 @@ class Connection(ConnectionBase):
         """Run host shell text LINE, which runs pct against container VMID, unless the container is frozen: a
         backup in suspend mode freezes it, `pct status` still says running and `pct exec` would hang until the
         backup ends, so the host's cgroup files are read first (no extra round trip) and a frozen CT fails here."""
-        res = self._run(_pct.then(_pct.frozen_guard(vmid), line), **kw)
+        res = self._run(_pct.with_utf8_ctype(_pct.then(_pct.frozen_guard(vmid), line)), **kw)
         if res.rc == _pct.FROZEN_RC and _pct.FROZEN_MARK in to_text(res.stderr, errors="surrogate_or_replace"):
             raise AnsibleConnectionFailure("pct_ssh: %s" % _pct.frozen_message(vmid, self._host()))
         return res

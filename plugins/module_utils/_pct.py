@@ -281,6 +281,24 @@ def pull_problem(rc: int, stderr: str, digests: t.Sequence[str]) -> t.Optional[s
     return "rc %s and no message" % rc
 
 
+# pct decodes its arguments with the host locale's charset (pve-common JSONSchema.pm get_options, Encode::Locale):
+# under LANG=C (or none) every non-ASCII byte becomes U+FFFD, so `café` would reach the container mangled. A
+# command with non-ASCII text runs pct under a UTF-8 character type; only LC_CTYPE, and only then, since pct
+# hands its environment on to the command in the container.
+UTF8_CTYPE = {"LC_CTYPE": "C.UTF-8"}
+
+
+def needs_utf8(text: t.Union[str, t.Sequence[str]]) -> bool:
+    """Whether TEXT (or any of a list of arguments) has a non-ASCII character, which pct must decode as UTF-8."""
+    parts = [text] if isinstance(text, str) else list(text)
+    return any(ord(ch) > 127 for part in parts for ch in part)
+
+
+def with_utf8_ctype(line: str) -> str:
+    """Host shell text LINE, run under a UTF-8 character type when it carries non-ASCII text."""
+    return "export LC_CTYPE=C.UTF-8; " + line if needs_utf8(line) else line
+
+
 def quote(argv: t.Sequence[str]) -> str:
     """Quote ARGV once for a POSIX shell (the PVE host's login shell)."""
     return shlex.join(list(argv))

@@ -66,6 +66,7 @@ def run(module: t.Any, argv: t.List[str], stdin: t.Optional[bytes], timeout: flo
         binary_data=True,
         encoding=None,
         expand_user_and_vars=False,
+        environ_update=dict(_pct.UTF8_CTYPE) if _pct.needs_utf8(argv) else None,
     )
     # GNU timeout sends the signal to its whole process group, itself included: SIGKILL ends it too, so
     # run_command sees -9 (a shell would show 128+9)

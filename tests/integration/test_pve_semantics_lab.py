@@ -17,13 +17,14 @@ import contextlib
 import json
 import subprocess
 import time
+import uuid
 from typing import Iterator
 
 import pytest
 
 from tests.support import ct200
 from tests.support import stop_training as stop
-from tests.support.lab import DECOY_CT, MAIN_CT, fault, lab_cli, lab_status, require_stopped
+from tests.support.lab import DECOY_CT, MAIN_CT, SUDO_USER, fault, lab_cli, lab_status, require_stopped
 from tests.support.playbook import adhoc_json_result, ansible_env, run_adhoc
 from tests.support.ssh import on_host
 from tests.support.stop_faults import job_signals, wrongly_signalled
@@ -174,3 +175,24 @@ def test_power_actions_on_an_ha_managed_ct_end_in_the_state_the_ha_manager_reach
     finally:
         if ct_status(lab, DECOY_CT) != "status: stopped":
             pct(lab, "stop", DECOY_CT)
+
+
+def test_non_ascii_arguments_reach_the_container_intact_where_pct_alone_mangles_them(lab):
+    """pct decodes its arguments with the host's locale (the lab host's sessions have none, as LANG=C): alone, it
+    turns each byte of `é` into U+FFFD; through the collection, as root and as pveops (whose sudo rule keeps
+    LC_CTYPE, as the README's does), the name arrives as written."""
+    tag = uuid.uuid4().hex[:8]
+    names = {how: "/tmp/caf\u00e9-%s-%s" % (how, tag) for how in ("pct", "root", "pveops", "module")}
+    try:
+        assert pct(lab, "exec", MAIN_CT, "--", "touch", names["pct"]).returncode == 0
+        for how, user in (("root", "root"), ("pveops", SUDO_USER)):
+            done = run_adhoc("ct200", "ansible.builtin.command", {"argv": ["touch", names[how]]},
+                             options=["-e", "ansible_user=%s" % user], timeout=60)
+            assert done.returncode == 0, done.stdout + done.stderr
+        r = json_adhoc("lab-pve", "gpuops.repurpose.proxmox_ct_exec", {"vmid": int(MAIN_CT), "argv": ["touch", names["module"]]})
+        assert not r.get("failed"), r
+        listed = set(pct(lab, "exec", MAIN_CT, "--", "ls", "/tmp").stdout.split())
+        assert names["pct"].replace("\u00e9", "\ufffd\ufffd")[len("/tmp/"):] in listed, sorted(listed)
+        assert {names[how][len("/tmp/"):] for how in ("root", "pveops", "module")} <= listed, sorted(listed)
+    finally:
+        pct(lab, "exec", MAIN_CT, "--", "sh", "-c", "rm -f /tmp/caf*-*-%s" % tag)

@@ -736,6 +736,8 @@ def ensure_users(state: dict) -> None:
         run(["usermod", "-p", "*", user])
     rule = "# gpuops lab (tests/lab/lab): removed by 'lab down'\n%s ALL=(root) NOPASSWD: /usr/sbin/pct\n" % SUDO_USER
     rule += "%s ALL=(root) NOPASSWD: %s\n" % (NARROW_USER, PCT_NARROW)
+    for user in (SUDO_USER, NARROW_USER):  # pct decodes non-ASCII arguments with this (README: a real host's rule)
+        rule += 'Defaults:%s env_keep += "LC_CTYPE"\n' % user
     if LAB_DIR != DEFAULT_LAB_DIR:
         for user in (SUDO_USER, NARROW_USER):
             rule += 'Defaults:%s env_keep += "GPUOPS_LAB_DIR"\n' % user

@@ -747,7 +747,18 @@ def usage_short(msg: str) -> str:
     return text
 
 
+def locale_decoded(args: list[str], environ: t.Mapping[str, str]) -> list[str]:
+    """ARGS as pve-common's get_options leaves them: decoded with the locale's charset (JSONSchema.pm:2506-2520,
+    Encode::Locale). Under a locale that is not UTF-8 (LANG=C, or none) every byte above 0x7f becomes U+FFFD, and
+    a path or command with `café` reaches the container as `caf\ufffd\ufffd` (written back out as UTF-8)."""
+    name = environ.get("LC_ALL") or environ.get("LC_CTYPE") or environ.get("LANG") or ""
+    if "UTF-8" in name.upper() or "UTF8" in name.upper():
+        return list(args)
+    return [os.fsencode(arg).decode("ascii", "replace") for arg in args]
+
+
 def main(argv: list[str]) -> int:
+    argv = locale_decoded(argv, os.environ)
     if not argv:
         sys.stderr.write(usage_short("no command specified"))
         return EXIT_ERR

@@ -382,3 +382,11 @@ def test_an_ha_request_is_told_from_a_done_power_action():
     assert _pct.ha_request("Requesting HA stop for CT 200\n") == "stop"
     assert _pct.ha_request("") is None
     assert _pct.ha_request("WARN: Requesting HA start for CT 200 later\n") is None
+
+
+def test_only_a_line_with_non_ascii_text_runs_pct_under_a_utf8_ctype():
+    assert _pct.with_utf8_ctype("pct exec 200 -- true") == "pct exec 200 -- true"
+    line = _pct.with_utf8_ctype(_pct.quote(["printf", "%s ", "caf\u00e9"]) + ' && echo "$LC_CTYPE"')
+    done = subprocess.run(["/bin/sh", "-c", line], capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"})
+    assert done.stdout == "caf\u00e9 C.UTF-8\n"
+    assert _pct.needs_utf8(["a", "b\u00e9"]) and not _pct.needs_utf8(["a", "b"])
