@@ -273,6 +273,7 @@ def cmd_exec(params: dict, opts: dict) -> int:
     env.pop("GPUOPS_LAB_PVE_CONF_DIR", None)
     env.pop("GPUOPS_LAB_PVE_NODE", None)
     env.pop("GPUOPS_LAB_DIR", None)
+    env.pop("PYTHONCOERCECLOCALE", None)  # the lab's wrapper's (tests/lab/pct), not the session's
     env["PATH"] = "/sbin:/bin:/usr/sbin:/usr/bin"
     argv = lxc("lxc-attach", vmid, "--keep-env" if keep_env else "--clear-env", "--", *params["extra-args"])
     sys.stdout.flush()
