@@ -4,6 +4,7 @@ tests/unit/plugins/modules/test_pct_host_least_privilege.py and test_proxmox_ct_
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct_host
@@ -12,9 +13,19 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct_host
 class Host:
     """What the runners use of AnsibleModule: run_command, here running the argv for real."""
 
-    def run_command(self, argv, data=None, binary_data=False, encoding=None, expand_user_and_vars=True):
-        done = subprocess.run(argv, input=data, capture_output=True, check=False)
+    def run_command(self, argv, data=None, binary_data=False, encoding=None, expand_user_and_vars=True,
+                    environ_update=None):
+        env = dict(os.environ, **(environ_update or {}))  # as AnsibleModule.run_command applies it
+        done = subprocess.run(argv, input=data, capture_output=True, check=False, env=env)
         return done.returncode, done.stdout, done.stderr
+
+
+def test_pct_runs_under_a_utf8_ctype_only_for_non_ascii_arguments():
+    script = 'printf "%s|" "$1" "${LC_CTYPE-unset}"'
+    ascii_run = _pct_host.run_captured(Host(), ["env", "-u", "LC_CTYPE", "sh", "-c", script, "sh", "cafe"], None, 10)
+    assert ascii_run.stdout == "cafe|unset|"
+    text = _pct_host.run_captured(Host(), ["sh", "-c", script, "sh", "caf\u00e9"], None, 10)
+    assert text.stdout == "caf\u00e9|C.UTF-8|"
 
 
 def test_captured_output_becomes_the_result_keys_both_modules_return():
