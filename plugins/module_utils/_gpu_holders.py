@@ -39,6 +39,8 @@ def backend_pids_are_ours(ns_path: str = "/proc/self/ns/pid") -> bool:
         return os.stat(ns_path).st_ino == PROC_PID_INIT_INO
     except OSError:
         return False
+
+
 _DEV_INDEX_RE = re.compile(r"nvidia(\d+)$")
 
 
