@@ -126,6 +126,7 @@ def execute(module: t.Any, pct: Pct, vmid: int, cmd: t.List[str], p: t.Mapping[s
     limit = p["timeout"] + p["kill_after"] + HOST_MARGIN
     ran = _pct_host.run_captured(module, cmd, stdin, limit)
     out.update(ran.as_result())
+    unknown_option = _pct.keep_env_unknown(ran.stderr, platform.node())
     if ran.hung:
         out.update(failed=True, timed_out=True, msg="pct exec did not return within %ds; killed it (and its process group) on the host" % limit)
     elif ran.rc in _pct.TIMEOUT_RCS and ran.elapsed >= p["timeout"] - 0.5:
@@ -139,8 +140,8 @@ def execute(module: t.Any, pct: Pct, vmid: int, cmd: t.List[str], p: t.Mapping[s
         out.update(failed=True, msg="GNU timeout is missing inside container %d: install coreutils there" % vmid)
     elif ran.rc == _pct.CHDIR_FAILED_RC and "cannot enter directory" in ran.stderr:
         out.update(failed=True, msg="chdir %s does not exist inside container %d; nothing was run" % (p["chdir"], vmid))
-    elif _pct.keep_env_unknown(ran.stderr, platform.node()):
-        out.update(failed=True, msg=_pct.keep_env_unknown(ran.stderr, platform.node()))
+    elif unknown_option:
+        out.update(failed=True, msg=unknown_option)
     elif ran.rc != 0:
         kind = _pct.classify_failure(ran.stderr)
         if kind == _pct.FAIL_STOPPED:

@@ -13,18 +13,17 @@ A host whose pct predates ``--keep-env`` (pve-container before 5.0.9): the lab's
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import time
 import uuid
-from typing import Iterator
+from typing import ContextManager
 
 import pytest
 
 from tests.support import ct200
 from tests.support import stop_training as stop
-from tests.support.lab import DECOY_CT, MAIN_CT, SUDO_USER, fault, lab_cli, lab_status, require_stopped
+from tests.support.lab import DECOY_CT, MAIN_CT, SUDO_USER, fault, lab_status, lab_switched, require_stopped
 from tests.support.playbook import adhoc_json_result, ansible_env, run_adhoc
 from tests.support.ssh import on_host
 from tests.support.stop_faults import job_signals, wrongly_signalled
@@ -35,16 +34,9 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
 FROZEN_BOUND_S = 30  # the stop half meets a frozen CT200: it fails within this, naming the freeze
 
 
-@contextlib.contextmanager
-def backup(vmid: str = MAIN_CT, mode: str = "suspend") -> Iterator[None]:
+def backup(vmid: str = MAIN_CT, mode: str = "suspend") -> ContextManager[None]:
     """Container VMID under a backup (lock: backup; frozen in suspend mode) until the block ends."""
-    done = lab_cli("backup", "begin", "--mode", mode, "--ct", vmid)
-    assert done.returncode == 0, done.stderr + done.stdout
-    try:
-        yield
-    finally:
-        done = lab_cli("backup", "end", "--ct", vmid)
-        assert done.returncode == 0, done.stderr + done.stdout
+    return lab_switched(("backup", "begin", "--mode", mode, "--ct", vmid), ("backup", "end", "--ct", vmid))
 
 
 def pct(lab: dict, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -136,16 +128,9 @@ def test_a_pct_before_keep_env_is_named_when_keep_env_is_set_and_unset_works(lab
         assert run_adhoc("ct200", "ansible.builtin.raw", {"_raw_params": "true"}, timeout=60).returncode == 0
 
 
-@contextlib.contextmanager
-def ha_managed(vmid: str, error: bool = False) -> Iterator[None]:
+def ha_managed(vmid: str, error: bool = False) -> ContextManager[None]:
     """Container VMID an HA resource (ERROR: one in the error state, never acted on) until the block ends."""
-    done = lab_cli("ha", "on", "--ct", vmid, *(["--error"] if error else []))
-    assert done.returncode == 0, done.stderr + done.stdout
-    try:
-        yield
-    finally:
-        done = lab_cli("ha", "off", "--ct", vmid)
-        assert done.returncode == 0, done.stderr + done.stdout
+    return lab_switched(("ha", "on", "--ct", vmid, *(["--error"] if error else [])), ("ha", "off", "--ct", vmid))
 
 
 def ct_status(lab: dict, vmid: str) -> str:

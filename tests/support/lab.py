@@ -15,7 +15,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import pytest
 
@@ -163,6 +163,19 @@ def sshd_restart_result(proc: subprocess.Popen, down_for: float) -> dict:
             proc.wait()
     assert proc.returncode == 0, err + out
     return json.loads(out)
+
+
+@contextlib.contextmanager
+def lab_switched(on: Sequence[str], off: Sequence[str]) -> Iterator[None]:
+    """``tests/lab/lab ON...`` (asserted to succeed) until the block ends, then ``tests/lab/lab OFF...`` (asserted
+    too): a lab state a test turns on and must always turn off (``lab backup begin|end``, ``lab ha on|off``)."""
+    done = lab_cli(*on)
+    assert done.returncode == 0, done.stderr + done.stdout
+    try:
+        yield
+    finally:
+        done = lab_cli(*off)
+        assert done.returncode == 0, done.stderr + done.stdout
 
 
 @contextlib.contextmanager
