@@ -639,8 +639,33 @@ def ensure_container(vmid: str, hostname: str, cache: str, node: LabNode = NODES
     else:
         customize_rootfs(rootfs, hostname)
     write_if_changed(os.path.join(cdir, "config"), lxc_config(vmid, hostname, node.fakegpu_dir))
+    if ct_state(vmid) == "stopped":
+        clear_stale_cgroups(vmid)
     os.makedirs(node.pve_conf_dir, mode=0o755, exist_ok=True)
     write_if_changed(os.path.join(node.pve_conf_dir, "%s.conf" % vmid), pve_config(vmid, hostname))
+
+
+def clear_stale_cgroups(vmid: str, root: str = "/sys/fs/cgroup") -> None:
+    """Remove the empty cgroups a stopped CT left behind, so that its next start can create them.
+
+    The PVE layout names the cgroups without LXC's '-N' fallback (lxc.cgroup.dir.*), so a CT
+    whose monitor was killed (a machine's processes killed between two CI runs) leaves
+    lxc/VMID and lxc.monitor/VMID behind, and lxc-start fails with "Failed to create monitor
+    cgroup". Only empty directories go: a cgroup that still holds a process is left, and named.
+    """
+    held = []
+    for controller in sorted(os.listdir(root)):
+        for rel in ("lxc.monitor/%s" % vmid, "lxc/%s" % vmid):
+            top = os.path.join(root, controller, rel)
+            if not os.path.isdir(top):
+                continue
+            for path, _dirs, _files in os.walk(top, topdown=False):  # children before their parent
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    held.append(path)
+    if held:
+        log("CT%s is stopped but %d of its cgroups still hold processes, e.g. %s" % (vmid, len(held), held[0]))
 
 
 def wait_booted(vmid: str, timeout: float = 120) -> str:
