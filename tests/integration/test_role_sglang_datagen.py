@@ -136,9 +136,9 @@ def test_role_serves_gates_and_launches_the_pipeline_then_changes_nothing(lab):
                     "import importlib.metadata as m; print(m.version('sglang-router'))").stdout.strip()
     assert version == "0.3.2"
     assert in_ct(lab, "/opt/datagen/venv/bin/python", "-m", "pip", "check", check=False).returncode == 0
-    # the router's metrics listener: the lane's datagen address (127.0.0.1 in lane 0), port 29000 only
+    # the router's metrics listener: the lane's datagen address (127.0.0.1 in lane 0), port 30100 only
     # (sglang-router binds 0.0.0.0 unless told)
-    assert [addr for addr in listeners(lab, 29000) if addr not in OTHER_LANES_HEX] == [listener_hex(DATAGEN_HOST)]
+    assert [addr for addr in listeners(lab, 30100) if addr not in OTHER_LANES_HEX] == [listener_hex(DATAGEN_HOST)]
     nofile = in_ct(lab, "systemctl", "show", "-p", "LimitNOFILE", "datagen-pipeline.service").stdout.strip()
     assert nofile == f"LimitNOFILE={2 * 16 + 1024}", nofile  # concurrency 16, one server (the router)
 

@@ -137,7 +137,7 @@ class StandinProcess:
         self.stop()
 
 
-LAB_PORTS = (29000, 32000)  # [first, end) of the CT200 lab's serving ports, see free_ports
+LAB_PORTS = (30000, 32000)  # [first, end) of the CT200 lab's serving ports, see free_ports
 
 
 def free_ports(count: int = 1) -> List[int]:
@@ -154,7 +154,7 @@ def free_ports(count: int = 1) -> List[int]:
             high = min(int(fh.read().split()[0]), 65536) - 1
     except (OSError, ValueError, IndexError):
         high = 32767
-    # Never the lab's own serving ports (the sglang_datagen role's defaults: router metrics 29000, router
+    # Never the lab's own serving ports (the sglang_datagen role's defaults: router metrics 30100, router
     # 30000, workers from 31000): a host test holding one while systemd restarts a CT200 worker (CT200
     # shares this machine's network) would make that worker fail to bind.
     candidates = [port for port in range(low, high + 1) if not LAB_PORTS[0] <= port < LAB_PORTS[1]]

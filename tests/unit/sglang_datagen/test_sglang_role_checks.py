@@ -142,3 +142,24 @@ def test_a_bad_concurrency_is_refused_with_the_fix(tmp_path):
     assert done.returncode != 0
     msg = " ".join(fatal_message(done).split())
     assert 'sglang_datagen_concurrency="fast": set auto' in msg and "a whole number >= 1" in msg, msg
+
+
+@pytest.mark.parametrize("ports, named", [
+    ({"sglang_datagen_router_metrics_port": 29000}, "sglang_datagen_router_metrics_port=29000"),  # sglang-router's own
+    ({"sglang_datagen_router_port": 22000}, "sglang_datagen_router_port=22000"),
+    ({"sglang_datagen_worker_base_port": 29990}, "sglang_datagen_worker_base_port=29990-29997"),  # 8 workers
+])
+def test_a_serving_port_in_sglangs_nccl_range_is_refused(tmp_path, ports, named):
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B", **ports,
+                                                "sglang_datagen_config": _pipeline_config(tmp_path)})
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert named + ": in 22000-29999" in msg and "from 30000 to 32767" in msg, msg
+
+
+def test_the_default_ports_and_a_router_less_metrics_port_pass_the_nccl_check(tmp_path):
+    config = _pipeline_config(tmp_path)
+    for extra in ({}, {"sglang_datagen_use_router": False, "sglang_datagen_router_metrics_port": 29000}):
+        done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B", **extra,
+                                                    "sglang_datagen_config": config})
+        assert done.returncode == 0, done.stdout[-3000:]
