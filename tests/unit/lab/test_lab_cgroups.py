@@ -33,6 +33,7 @@ def cgroup_root(tmp_path):
     for path, _dirs, _files in os.walk(scratch, topdown=False):  # the test's process has ended by now
         os.rmdir(path)
 
+
 def test_a_killed_cts_empty_cgroups_go_and_a_held_one_stays(cgroup_root):
     root, scratch = cgroup_root
     for rel in ("lxc.monitor/999", "lxc/999/ns/system.slice/a.service", "lxc/999/ns/init.scope",
