@@ -29,6 +29,8 @@ description:
     SHA-256, and a copy that pct reported only on stderr, or that came out short (a full disk), fails the task naming
     pct's message or the sizes. A failed fetch leaves no file on the controller. The container needs C(stat) and
     C(sha256sum) (coreutils or busybox)."
+  - Unprivileged containers work as privileged ones do. C(pct push) creates a file as the container's root (host
+    uid 100000 by default), and the task then sets the owner and mode it asks for, inside the container.
   - "A frozen container (a backup in suspend mode freezes it until the backup ends; C(pct status) still says
     C(running) and C(pct exec) would hang) fails at once with its own message: every command line first reads the
     container's cgroup freeze state on the host, in the same round trip."

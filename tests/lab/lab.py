@@ -36,6 +36,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -480,16 +481,23 @@ def ct_exec(vmid: str, argv: list[str], timeout: float = 60, check: bool = True,
     return run(cmd + ["--", *argv], timeout=timeout, check=check)
 
 
-def lxc_config(vmid: str, hostname: str, fakegpu_dir: str = FAKEGPU_DIR) -> str:
+def lxc_config(vmid: str, hostname: str, fakegpu_dir: str = FAKEGPU_DIR, unprivileged: bool = False) -> str:
     cdir = os.path.join(LXCPATH, vmid)
     lines = [
         "# gpuops lab container %s, written by tests/lab/lab (rewritten on every up)" % vmid,
         "lxc.uts.name = %s" % hostname,
         "lxc.rootfs.path = dir:%s" % os.path.join(cdir, "rootfs"),
-        # share the host's network: loopback to the lab's services, pip/apt inside
-        "lxc.net.0.type = none",
+        # share the host's network: loopback to the lab's services, pip/apt inside. An unprivileged container
+        # gets a network namespace of its own with only its loopback: the kernel lets a user namespace mount
+        # sysfs (which systemd needs) only in a network namespace it owns.
+        "lxc.net.0.type = %s" % ("empty" if unprivileged else "none"),
         "lxc.apparmor.profile = unconfined",
         "lxc.include = /usr/share/lxc/config/common.conf",
+    ]
+    if unprivileged:  # as pve-container's LXC.pm update_lxc_config writes an unprivileged CT's config
+        lines += ["lxc.include = /usr/share/lxc/config/userns.conf",
+                  "lxc.idmap = u 0 %d %d" % (ID_SHIFT, ID_RANGE), "lxc.idmap = g 0 %d %d" % (ID_SHIFT, ID_RANGE)]
+    lines += [
         "lxc.mount.auto = proc:mixed sys:mixed cgroup:mixed",
         # Proxmox VE's cgroup layout (pve-container LXC.pm update_lxc_config): the container in lxc/VMID, its
         # processes in the inner cgroup lxc/VMID/ns, the monitor in lxc.monitor/VMID; what the collection reads
@@ -508,7 +516,7 @@ def lxc_config(vmid: str, hostname: str, fakegpu_dir: str = FAKEGPU_DIR) -> str:
     return "\n".join(lines) + "\n"
 
 
-def pve_config(vmid: str, hostname: str) -> str:
+def pve_config(vmid: str, hostname: str, unprivileged: bool = False) -> str:
     """What /etc/pve/nodes/<node>/lxc/<vmid>.conf of a GPU node looks like (read by tests/lab/pct)."""
     big = vmid in GPU_CTS
     lines = [
@@ -524,6 +532,8 @@ def pve_config(vmid: str, hostname: str) -> str:
         "rootfs: local-lvm:vm-%s-disk-0,size=%s" % (vmid, "500G" if big else "32G"),
         "swap: 0",
     ]
+    if unprivileged:
+        lines.append("unprivileged: 1")
     if big:
         lines.append("lxc.cgroup2.devices.allow: c 195:* rwm")
         lines.append("lxc.cgroup2.devices.allow: c 508:* rwm")
@@ -619,7 +629,9 @@ def sync_lab_files(rootfs: str) -> None:
                 os.unlink(os.path.join(dest_top, rel))
 
 
-def ensure_container(vmid: str, hostname: str, cache: str, node: LabNode = NODES[1]) -> None:
+def ensure_container(vmid: str, hostname: str, cache: str, node: LabNode = NODES[1], unprivileged: bool = False) -> None:
+    """Container VMID created from CACHE if it is not, privileged (as `up` leaves every container) or
+    UNPRIVILEGED, its files and configs as the lab writes them."""
     cdir = os.path.join(LXCPATH, vmid)
     rootfs = os.path.join(cdir, "rootfs")
     done = os.path.join(cdir, ".created")
@@ -638,11 +650,78 @@ def ensure_container(vmid: str, hostname: str, cache: str, node: LabNode = NODES
             handle.write(os.path.basename(cache) + "\n")
     else:
         customize_rootfs(rootfs, hostname)
-    write_if_changed(os.path.join(cdir, "config"), lxc_config(vmid, hostname, node.fakegpu_dir))
+    convert_container(vmid, unprivileged)
+    match_ids(vmid)  # what customize_rootfs wrote, as the container's root
+    write_if_changed(os.path.join(cdir, "config"), lxc_config(vmid, hostname, node.fakegpu_dir, unprivileged))
     if ct_state(vmid) == "stopped":
         clear_stale_cgroups(vmid)
     os.makedirs(node.pve_conf_dir, mode=0o755, exist_ok=True)
-    write_if_changed(os.path.join(node.pve_conf_dir, "%s.conf" % vmid), pve_config(vmid, hostname))
+    write_if_changed(os.path.join(node.pve_conf_dir, "%s.conf" % vmid), pve_config(vmid, hostname, unprivileged))
+
+
+# ---------------------------------------------------------------- unprivileged containers
+# An unprivileged CT as Proxmox VE makes one: its root is host uid/gid 100000, its ids 0-65535 mapped to
+# 100000-165535 (pve-container LXC.pm's default lxc.idmap), its rootfs owned accordingly. `lab unprivileged on`
+# turns a lab container into one (the rootfs shifted in place, the mark file records it); `off` and `up` turn
+# it back. Shifting only ids in the range that is not yet shifted makes it idempotent: files the lab writes
+# from the host later (lab files, checkpoints dirs) are shifted by calling it again.
+ID_SHIFT = 100000
+ID_RANGE = 65536
+UNPRIVILEGED_MARK = ".unprivileged"
+
+
+def is_unprivileged(vmid: str) -> bool:
+    return os.path.exists(os.path.join(LXCPATH, vmid, UNPRIVILEGED_MARK))
+
+
+def shift_ids(root: str, delta: int) -> int:
+    """Every file under ROOT owned in the unshifted range moved by DELTA (+ID_SHIFT into the container's
+    user namespace, -ID_SHIFT back); how many changed. Set-id bits, which chown clears, are put back."""
+    low = 0 if delta > 0 else ID_SHIFT
+    changed = 0
+
+    def moved(value: int) -> int:
+        return value + delta if low <= value < low + ID_RANGE else value
+
+    for top, dirs, files in os.walk(root):
+        for path in [top] + [os.path.join(top, name) for name in dirs + files]:
+            st = os.lstat(path)
+            uid, gid = moved(st.st_uid), moved(st.st_gid)
+            if (uid, gid) == (st.st_uid, st.st_gid):
+                continue
+            os.lchown(path, uid, gid)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                os.chmod(path, stat.S_IMODE(st.st_mode))
+            changed += 1
+    return changed
+
+
+def match_ids(vmid: str) -> None:
+    """An unprivileged container's files the lab wrote from the host, owned by the container's ids."""
+    if is_unprivileged(vmid):
+        shift_ids(os.path.join(LXCPATH, vmid, "rootfs"), ID_SHIFT)
+
+
+def convert_container(vmid: str, unprivileged: bool) -> None:
+    """Container VMID made UNPRIVILEGED or not: stopped (the lab's own lxc-stop, not pct: no lock or HA applies)
+    and its rootfs shifted. The mark exists from before the shift in until after the shift back, so an
+    interrupted conversion either way is finished by the next `up` (which converts back) or `on`."""
+    if is_unprivileged(vmid) == unprivileged:
+        return
+    if ct_state(vmid) == "running":
+        run(lxc("lxc-stop", vmid, "--timeout", "30"), timeout=90)
+    mark = os.path.join(LXCPATH, vmid, UNPRIVILEGED_MARK)
+    rootfs = os.path.join(LXCPATH, vmid, "rootfs")
+    if unprivileged:
+        # the torch venv is hard links into the cache (ct_torch_venv): dropped, copied again when a test needs it
+        shutil.rmtree(os.path.join(rootfs, CT_TORCH_VENV.lstrip("/")), ignore_errors=True)
+        with open(mark, "w", encoding="ascii") as handle:
+            handle.write("u 0 %d %d\n" % (ID_SHIFT, ID_RANGE))
+        shift_ids(rootfs, ID_SHIFT)
+    else:
+        shift_ids(rootfs, -ID_SHIFT)
+        os.unlink(mark)
+    log("CT%s is now %sprivileged" % (vmid, "un" if unprivileged else ""))
 
 
 def clear_stale_cgroups(vmid: str, root: str = "/sys/fs/cgroup") -> None:
@@ -1284,7 +1363,8 @@ def ct_torch_venv(vmid: str) -> str:
     cache = torch_venv_cache()
     if os.path.exists(dest):
         shutil.rmtree(dest)  # an interrupted copy: start again
-    if run(["cp", "-al", cache, dest], timeout=300, check=False).returncode != 0:
+    # hard links share their owner with the cache: an unprivileged container's shifted ids would reach it
+    if is_unprivileged(vmid) or run(["cp", "-al", cache, dest], timeout=300, check=False).returncode != 0:
         shutil.rmtree(dest, ignore_errors=True)  # the cache on another filesystem: a real copy
         run(["cp", "-a", "--reflink=auto", cache, dest], timeout=600)
     return CT_TORCH_VENV
@@ -1320,6 +1400,7 @@ def start_trainer(state: dict, behaviour: str, timeout: float = 60, vmid: str = 
         slot.pop("tmux_server", None)
     ckpt = TORCHRUN_CKPT if behaviour == TORCHRUN else TRAINER_CKPT
     os.makedirs(os.path.join(rootfs, ckpt.lstrip("/")), exist_ok=True)
+    match_ids(vmid)
     cmd = trainer_command(behaviour)
     if behaviour == TORCHRUN:
         timeout = max(timeout, 180)  # importing torch in two ranks on a busy 2-core machine
@@ -1671,6 +1752,7 @@ def status_dict() -> dict:
         "nvidia_smi": "/usr/bin/nvidia-smi",
         "lxcpath": LXCPATH,
         "containers": containers,
+        "unprivileged": sorted(vmid for vmid in CONTAINERS if is_unprivileged(vmid)),  # `lab unprivileged on`
         "hostnames": dict(CONTAINERS),
         "sshd": {
             "running": sshd_up,
@@ -1894,6 +1976,29 @@ def cmd_ha(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_unprivileged(args: argparse.Namespace) -> int:
+    """Make container VMID unprivileged as Proxmox VE makes one (``on``: its ids mapped to host 100000-165535,
+    ``unprivileged: 1`` in its config, its own network namespace) or privileged again (``off``, as `up` leaves
+    it). A GPU container comes back started, booted, with its trainer and decoys; another keeps its state."""
+    preflight()
+    vmid = args.ct
+    node = node_of(vmid)
+    with Lock():
+        state = load_json(STATE_FILE)
+        was_running = ct_state(vmid) == "running"
+        ensure_container(vmid, node.containers[vmid], rootfs_cache(), node, unprivileged=args.action == "on")
+        if vmid == node.main_ct:
+            boot = ensure_gpu_node(state, node, None)
+            (state if node.index == 1 else state.setdefault("node2", {}))["boot"] = boot
+            save_state(state)
+        elif was_running and ct_state(vmid) != "running":
+            run(ssh_argv("root", ["pct", "start", vmid], port=node.port), timeout=90)
+            wait_booted(vmid)
+    print(json.dumps({"ct": vmid, "unprivileged": is_unprivileged(vmid),
+                      "idmap": "0 %d %d" % (ID_SHIFT, ID_RANGE) if is_unprivileged(vmid) else None}, sort_keys=True))
+    return 0
+
+
 def cmd_torch_venv(args: argparse.Namespace) -> int:
     preflight()
     print(torch_venv_cache())
@@ -1930,6 +2035,10 @@ def main(argv: list[str]) -> int:
     p_ha.add_argument("action", choices=("on", "off"))
     p_ha.add_argument("--error", action="store_true", help="a resource in the error state: never acted on")
     p_ha.add_argument("--ct", choices=[MAIN_CT, DECOY_CT, LANE.node2_ct], default=MAIN_CT)
+    p_un = sub.add_parser("unprivileged", help="make a container unprivileged as Proxmox VE makes one (ids mapped "
+                          "to host 100000-165535, its own network namespace) or privileged again, as up leaves it")
+    p_un.add_argument("action", choices=("on", "off"))
+    p_un.add_argument("--ct", choices=[MAIN_CT, DECOY_CT, LANE.node2_ct], default=MAIN_CT)
     sub.add_parser("torch-venv", help="build the containers' cached torch venv (else built on first 'trainer torchrun')")
     p_rs = sub.add_parser("sshd-restart", help="restart the lab PVE host's sshd as `systemctl restart ssh` does "
                           "(the listener replaced, established sessions kept); prints what happened as JSON")
@@ -1944,7 +2053,7 @@ def main(argv: list[str]) -> int:
             return supervise(NODES[args.node])
         return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "trainer": cmd_trainer,
                 "torch-venv": cmd_torch_venv, "sshd-restart": cmd_sshd_restart, "backup": cmd_backup,
-                "ha": cmd_ha}[args.cmd](args)
+                "ha": cmd_ha, "unprivileged": cmd_unprivileged}[args.cmd](args)
     except LabError as exc:
         log("error: %s" % exc)
         return 1

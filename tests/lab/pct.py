@@ -68,6 +68,7 @@ LXC_STOP_DEFAULT_TIMEOUT = 60
 EXIT_ERR = 255
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 
 USAGE = {
     "exec": "pct exec <vmid> [<extra-args>] [OPTIONS]",
@@ -605,6 +606,31 @@ def _enter_mount_ns(pid: int) -> None:
         raise die("failed to change to container root directory") from None
 
 
+def _open_user_ns(pid: int) -> int:
+    try:
+        return os.open("/proc/%d/ns/user" % pid, os.O_RDONLY)
+    except OSError:
+        raise die("failed to open the container's user namespace") from None
+
+
+def _enter_user_ns(nsfd: int) -> None:
+    """An unprivileged CT's push creates the file as the container's root (pct.pm:771-788): setns into its user
+    namespace, then setgid/setuid 0 there (host 100000), so the file is owned by it and a directory its root
+    may not write refuses the file."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(nsfd, CLONE_NEWUSER) != 0:
+        raise die("failed to enter the container's user namespace")
+    os.close(nsfd)
+    try:
+        os.setgid(0)
+    except OSError as exc:
+        raise die("setgid failed: %s" % exc.strerror) from None
+    try:
+        os.setuid(0)
+    except OSError as exc:
+        raise die("setuid failed: %s" % exc.strerror) from None
+
+
 def _file_task(func) -> int:
     """Run FUNC as pct.pm's push/pull run their file task: a forked worker (pve-common RESTEnvironment.pm
     fork_worker, synchronous under the CLI; setns() must not touch this process). A worker that dies prints its
@@ -658,7 +684,7 @@ def cmd_push(params: dict, opts: dict) -> int:
     perms = _octal_perms(opts.get("perms"))
     if not check_running(vmid):
         raise die("can only push files to a running CT")
-    load_config(vmid)
+    unprivileged = dict(load_config(vmid)).get("unprivileged") == "1"
     pid = init_pid(vmid)
 
     def work() -> None:
@@ -666,7 +692,10 @@ def cmd_push(params: dict, opts: dict) -> int:
             src = os.open(params["file"], os.O_RDONLY)
         except OSError:
             raise die("failed to open %s for reading" % params["file"]) from None
+        userns = _open_user_ns(pid) if unprivileged else None
         _enter_mount_ns(pid)
+        if userns is not None:
+            _enter_user_ns(userns)
         # owner names resolve inside the container (its /etc/passwd), as in pct
         dst = create_file(params["destination"], perms, opts.get("user"), opts.get("group"))
         _copy(src, dst)

@@ -331,7 +331,10 @@ def allocations(sdir: str | None = None, now: float | None = None, collect: bool
                 for p in (path, dead_path):
                     try:
                         os.unlink(p)
-                    except FileNotFoundError:
+                    except (FileNotFoundError, PermissionError):
+                        # PermissionError: holders/ is sticky, and an unprivileged container's root may not
+                        # remove a record another owner wrote (a host process's, or one from before the
+                        # container was made unprivileged); a reader with the right collects it later
                         pass
             continue
         rec["id"] = name[:-5]
