@@ -15,6 +15,8 @@ Skipped with the reason when the lab is not up.
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -22,7 +24,7 @@ import yaml
 from tests.support.ct200 import lock_holder, trainer_pids
 from tests.support.datagen import CONVERGE, LAB_VARS_FILE
 from tests.support.lab import MAIN_CT, NOSUDO_USER, trainer
-from tests.support.paths import LAB_INVENTORY
+from tests.support.paths import FAKEGPU_DIR, LAB_INVENTORY
 from tests.support.playbook import run_playbook
 from tests.support.ssh import in_ct as ct
 from tests.support.stop_training import play
@@ -114,6 +116,28 @@ def test_check_mode_runs_the_same_pass(running_trainer):
     rc, out = play(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(sampling={"temprature": 0.7})), "--check")
     refused_before_anything(running_trainer, before, rc, out)
     assert "sglang_datagen_config.sampling.temprature" in flat(out)
+
+
+def fake_driver(status: dict, driver: str, cuda: str) -> None:
+    """What the lab's fake nvidia-smi reports as the NVIDIA driver and its CUDA version (host and containers)."""
+    subprocess.run([sys.executable, str(FAKEGPU_DIR / "fakegpu.py"), "--dir", status["fakegpu"]["dir"], "config",
+                    "--driver-version", driver, "--cuda-version", cuda], check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check_mode"])
+def test_a_driver_too_old_for_sglangs_cuda_build_is_refused_before_the_training_is_touched(running_trainer, check):
+    """An r570 driver (CUDA 12.8) on a node that is to install SGLang 0.5.23, a CUDA 13 build."""
+    before = trainer_pids(running_trainer)
+    fake_driver(running_trainer, "570.124.06", "12.8")
+    try:
+        rc, out = play(dict(WITH_DATAGEN, sglang_datagen_install_sglang=True), *(["--check"] if check else []))
+    finally:
+        fake_driver(running_trainer, "580.95.05", "13.0")
+    refused_before_anything(running_trainer, before, rc, out)
+    for needle in ("This node cannot run SGLang 0.5.23; nothing was stopped or installed",
+                   "NVIDIA driver 570.124.06 is older than 580, the oldest that runs CUDA 13 builds",
+                   "Fix: upgrade the NVIDIA driver on the PVE host", "sglang_datagen_sglang_version"):
+        assert needle in flat(out), f"{needle!r} not in:\n{out[-3000:]}"
 
 
 def test_a_variable_name_typo_is_a_warning_with_the_closest_name(running_trainer):

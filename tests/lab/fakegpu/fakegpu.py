@@ -94,7 +94,8 @@ def load_config(sdir: str | None = None) -> dict:
 
 
 def set_config(sdir: str | None = None, **changes) -> dict:
-    """Change config keys (release_delay, never_release, mode, lost_gpus, hang_seconds, baseline_mib)."""
+    """Change config keys (release_delay, never_release, mode, lost_gpus, hang_seconds, baseline_mib,
+    driver_version, cuda_version)."""
     sdir = sdir or state_dir()
     cfg = load_config(sdir)
     for key, value in changes.items():
@@ -532,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     p_conf.add_argument("--mode", choices=MODES)
     p_conf.add_argument("--lost-gpus", help="comma-separated indexes for mode gpu_lost")
     p_conf.add_argument("--hang-seconds", type=float)
+    p_conf.add_argument("--driver-version", help="what nvidia-smi reports, e.g. 570.124.06 (an r570 driver)")
+    p_conf.add_argument("--cuda-version", help="the CUDA version nvidia-smi's banner shows, e.g. 12.8")
     p_hold = sub.add_parser("hold", help="hold GPUs until killed")
     p_hold.add_argument("--gpu", type=int, action="append", required=True)
     p_hold.add_argument("--mib", type=int, default=80000)
@@ -560,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
             changes["lost_gpus"] = [int(x) for x in args.lost_gpus.split(",") if x.strip()]
         if args.hang_seconds is not None:
             changes["hang_seconds"] = args.hang_seconds
+        if args.driver_version is not None:
+            changes["driver_version"] = args.driver_version
+        if args.cuda_version is not None:
+            changes["cuda_version"] = args.cuda_version
         print(json.dumps(set_config(sdir, **changes), indent=1))
     elif args.cmd == "hold":
         # die on SIGTERM even as PID 1 of a PID namespace, where the default action is ignored

@@ -109,6 +109,11 @@ def test_role_install_set_resolves_with_sglangs_own_pins(pypi, tmp_path):
         if m and not (m.group(3) and ("extra ==" in m.group(3) or "aarch64" in m.group(3))):
             sglang_pins[canonical(m.group(1))] = m.group(2)
     assert {"transformers", "tokenizers"} <= set(sglang_pins), sglang_pins
+    # the CUDA build SGLang pins ([cuNN] extras) is the one the role's node check asks the driver for
+    needs = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["sglang_datagen__sglang_needs"]
+    cuda = {int(m) for req in resolved["sglang"]["metadata"].get("requires_dist", [])
+            for m in re.findall(r"\[cu(\d+)\]", req)}
+    assert cuda == {needs[versions["sglang"]]["cuda_major"]}, cuda
     wrong = {n: (v, versions.get(n)) for n, v in sglang_pins.items() if n in versions and versions[n] != v}
     assert not wrong, wrong
     # no CUDA wheel was fetched to find this out: pip used the metadata PyPI serves next to each wheel
@@ -124,3 +129,30 @@ def test_a_pin_against_sglangs_makes_the_resolution_fail(pypi, tmp_path):
     assert done.returncode != 0
     assert "ResolutionImpossible" in done.stderr, done.stderr[-3000:]
     assert "transformers==5.24.0" in done.stderr and "sglang==0.5.23" in done.stderr, done.stderr[-3000:]
+
+
+def pypi_get(url: str, accept: str = "") -> bytes:
+    import ssl
+
+    cert = ca_bundle()
+    ctx = ssl.create_default_context(cafile=cert[1] if cert else None)
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    with urllib.request.urlopen(request, timeout=60, context=ctx) as resp:
+        return resp.read()
+
+
+def test_the_node_needs_of_the_default_sglang_are_read_from_its_wheels(pypi):
+    """vars/main.yml's sglang_datagen__sglang_needs row for the default SGLang, against PyPI's index: the CPython
+    range, Requires-Python and the manylinux glibc of its x86_64 wheels."""
+    version = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["sglang_datagen_sglang_version"]
+    needs = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["sglang_datagen__sglang_needs"][version]
+    files = json.loads(pypi_get(INDEX + "/sglang/", "application/vnd.pypi.simple.v1+json"))["files"]
+    wheels = [f for f in files if re.match(rf"sglang-{re.escape(version)}-cp3\d+-cp3\d+-manylinux_2_\d+_x86_64\.whl$",
+                                           f["filename"])]
+    assert wheels, [f["filename"] for f in files if version in f["filename"]]
+    minors = sorted(int(re.search(r"-cp3(\d+)-", w["filename"]).group(1)) for w in wheels)
+    assert (needs["python_min"], needs["python_max"]) == ("3.%d" % minors[0], "3.%d" % minors[-1])
+    glibc = {re.search(r"manylinux_(\d+)_(\d+)_", w["filename"]).group(0) for w in wheels}
+    assert glibc == {"manylinux_%s_" % needs["glibc"].replace(".", "_")}, glibc
+    assert {w.get("requires-python") for w in wheels} == {">=" + needs["python_min"]}
+    # the CUDA major is checked against the [cuNN] extras of SGLang's METADATA in the resolver dry run above

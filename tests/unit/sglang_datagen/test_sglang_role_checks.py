@@ -13,9 +13,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakegpu_harness import NVIDIA_SMI, FakeGpus
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(autouse=True)
+def gpu_node(tmp_path_factory, monkeypatch):
+    """localhost as a GPU node for the validation pass's node check: the lab's fake nvidia-smi first on PATH,
+    eight fake GPUs behind it (driver 580.95.05, CUDA 13.0, unless a test says otherwise)."""
+    base = tmp_path_factory.mktemp("gpu-node")
+    fake = FakeGpus(str(base), driver=False)
+    (base / "bin").mkdir()
+    (base / "bin" / "nvidia-smi").symlink_to(NVIDIA_SMI)
+    monkeypatch.setenv("FAKEGPU_DIR", fake.dir)
+    monkeypatch.setenv("PATH", "%s:%s" % (base / "bin", os.environ.get("PATH", "")))
+    yield fake
+    fake.close()
 
 
 def run_tasks(tmp_path: Path, tasks_from: str, role_vars: dict, show: str = "") -> subprocess.CompletedProcess:
@@ -92,27 +107,35 @@ def test_parsers_can_be_set_or_switched_off(tmp_path):
     assert shown(done) == ["--tool-call-parser", "hermes"]
 
 
-def test_python_older_than_3_11_fails_first_with_the_fix(tmp_path):
-    # Ubuntu 22.04's interpreter as the role's first task sees it (no 3.10 on this machine to run): it answers
-    # the version probe with 3.10. The role must stop there, before creating anything.
+def test_python_older_than_3_11_is_refused_in_the_validation_pass(tmp_path):
+    # Ubuntu 22.04's interpreter as the node check sees it (no 3.10 on this machine to run): it answers the
+    # version probe with 3.10. The validation pass must stop there, before anything is created or stopped.
     old = tmp_path / "python3.10"
-    old.write_text("#!/bin/sh\necho 3.10\n")
+    old.write_text("#!/bin/sh\necho 3.10.12\n")
     old.chmod(0o755)
     home = tmp_path / "datagen"
-    done = run_tasks(tmp_path, "install.yml", {"sglang_datagen_python": str(old), "sglang_datagen_home": str(home)})
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_python": str(old), "sglang_datagen_home": str(home),
+                                                "sglang_datagen_model_path": "/models/Qwen3-8B",
+                                                "sglang_datagen_config": _pipeline_config(tmp_path)})
     assert done.returncode != 0
     msg = " ".join(fatal_message(done).split())
-    assert f"sglang_datagen_python={old} is Python 3.10; SGLang 0.5.23 needs Python >= 3.11" in msg, msg
-    assert "set sglang_datagen_python to it, for example /usr/bin/python3.11" in msg
-    assert not home.exists()
+    assert "This node cannot run SGLang 0.5.23; nothing was stopped or installed:" in msg, msg
+    assert f"{old} is Python 3.10; the wheels need Python >= 3.11" in msg, msg
+    assert "Fix: point sglang_datagen_python at an interpreter in the range" in msg, msg
+    assert "NVIDIA driver" not in msg and not home.exists()
 
 
-def test_python_3_11_passes_the_version_check(tmp_path):
-    # the machine's own 3.11 passes the check; the run is stopped right after it (a missing home's parent)
-    home = Path("/proc/nonexistent/datagen")
-    done = run_tasks(tmp_path, "install.yml", {"sglang_datagen_python": sys.executable, "sglang_datagen_home": str(home)})
-    assert "Python >= 3.11" not in done.stdout
-    assert "Create the directories" in done.stdout and done.returncode != 0
+def test_an_r570_driver_is_refused_naming_what_sglang_needs(tmp_path, gpu_node):
+    gpu_node.config(driver_version="570.124.06", cuda_version="12.8")
+    vars_ = {"sglang_datagen_model_path": "/models/Qwen3-8B", "sglang_datagen_config": _pipeline_config(tmp_path)}
+    done = run_tasks(tmp_path, "validate.yml", vars_)
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert "NVIDIA driver 570.124.06 is older than 580, the oldest that runs CUDA 13 builds" in msg, msg
+    assert "Fix: upgrade the NVIDIA driver on the PVE host" in msg and "sglang_datagen_sglang_version" in msg, msg
+    # serving something else (no SGLang installed): the driver is not SGLang's concern
+    ok = run_tasks(tmp_path, "validate.yml", dict(vars_, sglang_datagen_install_sglang=False))
+    assert ok.returncode == 0, ok.stdout[-3000:]
 
 
 def _pipeline_config(tmp_path: Path) -> dict:

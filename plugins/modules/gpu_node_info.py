@@ -1,0 +1,178 @@
+#!/usr/bin/python
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gpu_node_info
+short_description: Read a GPU node's GPUs, NVIDIA driver, glibc and Python, and say which requirements it misses
+version_added: 0.1.0
+author:
+  - gpuops.repurpose contributors (!UNKNOWN)
+description:
+  - Reads, without changing anything, what decides whether a CUDA build can run on the node. The GPUs and the
+    NVIDIA driver version (through C(nvidia-smi), bounded by O(timeout)); the glibc the module's interpreter runs
+    on; the version of the interpreter O(python_path), and whether it can create a venv.
+  - Given requirements (O(cuda_major), O(glibc), O(python_min), O(python_max)), RV(problems) lists each one the
+    node does not meet, in words that name the fact and the requirement. The module itself does not fail on a
+    problem. The play decides, for example by an C(ansible.builtin.assert) naming its own variables, before it
+    stops anything.
+  - A driver runs the toolkits of its own CUDA version and older. The oldest driver per CUDA major is NVIDIA's
+    "minor version compatibility" minimum (CUDA 13 needs r580, CUDA 12 r525.60.13, CUDA 11 r450.80.02).
+  - Standard library only; runs in a container whose GPUs are passed through (the driver is the host's).
+options:
+  nvidia_smi_path:
+    description: C(nvidia-smi) to run, a path or a name looked up on C(PATH).
+    type: str
+    default: nvidia-smi
+  timeout:
+    description: Seconds one command may take (a hung driver makes C(nvidia-smi) hang).
+    type: float
+    default: 30
+  cuda_major:
+    description:
+      - The CUDA major version the software to be run was built for (SGLang 0.5.23's torch 2.14.1 is a CUDA 13
+        build). A driver too old for it is a problem, and so is a driver that cannot be read.
+      - Not given, the driver is read and reported but not judged.
+    type: int
+  glibc:
+    description: The oldest glibc the software's wheels are built for (their C(manylinux_X_Y) tag), as C(X.Y).
+    type: str
+  python_path:
+    description:
+      - The interpreter that will create the software's venv; its version is read and judged against
+        O(python_min) and O(python_max), and it must be able to create a venv (C(venv) and C(ensurepip)).
+    type: path
+  python_min:
+    description: The oldest Python (C(major.minor)) the software has wheels for.
+    type: str
+  python_max:
+    description: The newest Python (C(major.minor)) the software has wheels for.
+    type: str
+extends_documentation_fragment:
+  - gpuops.repurpose.attributes
+  - gpuops.repurpose.attributes.PLATFORM
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; runs the same in check mode.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: Reads only; changes nothing.
+  platform:
+    support: full
+    platforms: posix
+notes:
+  - Never fails on what it reads. A fact it cannot read is reported (RV(nvidia_smi_error), RV(python_error)) and,
+    where a requirement needs it, is a problem.
+seealso:
+  - module: gpuops.repurpose.gpu_free_wait
+"""
+
+EXAMPLES = r"""
+- name: Read what the node has for SGLang 0.5.23 (CUDA 13, manylinux_2_34, CPython 3.11-3.13)
+  gpuops.repurpose.gpu_node_info:
+    cuda_major: 13
+    glibc: "2.34"
+    python_path: /usr/bin/python3
+    python_min: "3.11"
+    python_max: "3.13"
+  register: node
+
+- name: Stop before anything changes when the node cannot run it
+  ansible.builtin.assert:
+    that: node.problems | length == 0
+    fail_msg: "This node cannot run SGLang 0.5.23: {{ node.problems | join('; ') }}"
+"""
+
+RETURN = r"""
+gpus:
+  description: The GPUs C(nvidia-smi) lists (empty when it could not be read).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    index:
+      description: The GPU's index.
+      type: int
+    uuid:
+      description: The GPU's UUID.
+      type: str
+    name:
+      description: The product name.
+      type: str
+    total_mib:
+      description: Its memory in MiB.
+      type: int
+    used_mib:
+      description: Its memory in use now, in MiB.
+      type: int
+  sample: [{index: 0, uuid: GPU-5f0c..., name: NVIDIA H200, total_mib: 143771, used_mib: 4}]
+gpu_count:
+  description: How many GPUs C(nvidia-smi) lists.
+  returned: always
+  type: int
+  sample: 8
+driver_version:
+  description: The NVIDIA driver's version ('' when it could not be read).
+  returned: always
+  type: str
+  sample: 580.95.05
+nvidia_smi_error:
+  description: Why the GPUs or the driver could not be read ('' when they were).
+  returned: always
+  type: str
+  sample: "nvidia-smi failed (rc 9: the NVIDIA driver is not loaded): NVIDIA-SMI has failed ..."
+glibc_version:
+  description: The glibc the module's interpreter runs on ('' on another C library).
+  returned: always
+  type: str
+  sample: "2.36"
+python_version:
+  description: The version of O(python_path).
+  returned: when O(python_path) is given
+  type: str
+  sample: 3.11.2
+python_venv:
+  description: Whether O(python_path) can create a venv (it imports C(venv) and C(ensurepip)).
+  returned: when O(python_path) is given
+  type: bool
+python_error:
+  description: What went wrong running O(python_path) ('' when it ran).
+  returned: when O(python_path) is given
+  type: str
+problems:
+  description: Each requirement the node does not meet, one sentence each; empty when it meets them all.
+  returned: always
+  type: list
+  elements: str
+  sample: ["NVIDIA driver 570.124.06 is older than 580, the oldest that runs CUDA 13 builds"]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils._node_info import read_node
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            nvidia_smi_path=dict(type="str", default="nvidia-smi"),
+            timeout=dict(type="float", default=30),
+            cuda_major=dict(type="int"),
+            glibc=dict(type="str"),
+            python_path=dict(type="path"),
+            python_min=dict(type="str"),
+            python_max=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+    module.exit_json(changed=False, **read_node(module.params))
+
+
+if __name__ == "__main__":
+    main()
