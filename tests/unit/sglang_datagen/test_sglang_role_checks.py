@@ -186,3 +186,31 @@ def test_the_default_ports_and_a_router_less_metrics_port_pass_the_nccl_check(tm
         done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B", **extra,
                                                     "sglang_datagen_config": config})
         assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_uv_gets_prereleases_and_the_indexes_pip_is_configured_with(tmp_path, monkeypatch):
+    """A node with uv and a pip mirror (PIP_INDEX_URL): the role installs with uv, which reads neither pip.conf nor
+    PIP_*, so the mirror and SGLang's --prerelease=allow must be on uv's command line. A recording uv stands in
+    for the real one (the install itself is the resolver test's); the venv, pip and its config are real."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "uv-calls.jsonl"
+    (bin_dir / "uv").write_text(
+        "#!%s\nimport json, os, sys\nwith open(%r, 'a') as f:\n"
+        "    f.write(json.dumps({'argv': sys.argv[1:], 'cert': os.environ.get('SSL_CERT_FILE')}) + '\\n')\n"
+        "print('Installed 1 package', file=sys.stderr)\n" % (sys.executable, str(calls)))
+    (bin_dir / "uv").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
+    monkeypatch.setenv("PIP_INDEX_URL", "https://pypi.example.internal/simple")
+    monkeypatch.setenv("PIP_CERT", "/etc/ssl/corp.pem")
+    home = tmp_path / "datagen"
+    done = run_tasks(tmp_path, "install.yml", {"sglang_datagen_python": sys.executable, "sglang_datagen_home": str(home)})
+    assert done.returncode == 0, done.stdout[-3000:]
+    installs = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert len(installs) == 1, installs
+    argv = installs[0]["argv"]
+    assert argv[:4] == ["pip", "install", "--python", f"{home}/venv/bin/python"], argv
+    assert "--prerelease=allow" in argv
+    assert argv[argv.index("--index-url") + 1] == "https://pypi.example.internal/simple", argv
+    assert argv[-3:] == ["sglang-router==0.3.2", "-r", f"{home}/requirements-datagen.txt"], argv
+    assert installs[0]["cert"] == "/etc/ssl/corp.pem"
