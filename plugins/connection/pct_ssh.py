@@ -622,6 +622,9 @@ class Connection(ConnectionBase):
         self._vmid()
         self._prefix()
         settings = self._build_settings()
+        bad_key = _pct_ssh.key_file_problem(settings.key_filename)
+        if bad_key:
+            raise AnsibleError("pct_ssh: %s." % bad_key)
         persist = int(self.get_option("control_persist"))
         display.vvv("PCT_SSH CONNECT %s (control_persist=%s)" % (settings.host_label(), persist), host=self._host())
         try:

@@ -155,6 +155,31 @@ def validate_alive(interval: t.Any, count_max: t.Any) -> t.Tuple[int, int]:
     return i, c
 
 
+PUBLIC_KEY_STARTS = ("ssh-", "ecdsa-sha2-", "sk-ssh-", "sk-ecdsa-", "---- BEGIN SSH2 PUBLIC KEY", "-----BEGIN PUBLIC KEY")
+
+
+def key_file_problem(path: t.Optional[str]) -> t.Optional[str]:
+    """Why the private key file PATH cannot be the login's key (missing, unreadable, a public key), or None.
+
+    paramiko reports these while connecting, as errors that read like a host that cannot be reached."""
+    if not path:
+        return None
+    full = os.path.expanduser(path)
+    try:
+        with open(full, "rb") as handle:
+            head = handle.read(64).lstrip()
+    except FileNotFoundError:
+        return "ansible_ssh_private_key_file=%s does not exist on the controller" % path
+    except IsADirectoryError:
+        return "ansible_ssh_private_key_file=%s is a directory, not a key file" % path
+    except OSError as exc:
+        return "ansible_ssh_private_key_file=%s cannot be read on the controller (%s)" % (path, exc.strerror)
+    if head.decode("ascii", "replace").startswith(PUBLIC_KEY_STARTS):
+        private = full[:-4] if full.endswith(".pub") else "the file without .pub"
+        return "ansible_ssh_private_key_file=%s is a public key; point it at the private key (%s)" % (path, private)
+    return None
+
+
 @dataclasses.dataclass
 class ExecResult:
     rc: int

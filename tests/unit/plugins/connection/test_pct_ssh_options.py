@@ -30,17 +30,25 @@ CASES = {
     "bad_method": ({"proxmox_vmid": 200, "ansible_user": "pveops", "proxmox_become_method": " "}, "pct_become_method"),
     "unreachable": ({"proxmox_vmid": 200}, "cannot reach the Proxmox VE host 127.0.0.1"),
     "unreachable_direct": ({"proxmox_vmid": 200, "ansible_pct_ssh_control_persist": 0}, "cannot reach the Proxmox VE host 127.0.0.1"),
+    # paramiko reports these as errors that read like an unreachable host: refused first, naming the variable
+    "key_missing": ({"proxmox_vmid": 200, "ansible_ssh_private_key_file": "{tmp}/id_missing"},
+                    "ansible_ssh_private_key_file={tmp}/id_missing does not exist on the controller"),
+    "key_public": ({"proxmox_vmid": 200, "ansible_ssh_private_key_file": "{tmp}/id_ed25519.pub"},
+                   "ansible_ssh_private_key_file={tmp}/id_ed25519.pub is a public key; point it at the private key "
+                   "({tmp}/id_ed25519)"),
 }
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pct_ssh_opts")
+    (tmp / "id_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExample user@controller\n")
     port = free_port()  # nothing listens there
     hosts = {}
     for name, (variables, _dummy) in CASES.items():
         hosts[name] = dict(
-            variables,
+            {key: str(value).replace("{tmp}", str(tmp)) if isinstance(value, str) else value
+             for key, value in variables.items()},
             ansible_connection="gpuops.repurpose.pct_ssh",
             ansible_host="127.0.0.1",
             ansible_port=port,
@@ -49,13 +57,14 @@ def results(tmp_path_factory):
         )
     inv = write_inventory(tmp / "inventory.json", hosts)
     run = run_playbook("raw_must_not_run", inv, json_results=True, env=ansible_env(ANSIBLE_FORKS="10"), timeout=120)
-    return run.results["try"]
+    return run.results["try"], tmp
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_each_bad_input_has_its_message(results, case):
-    msg = results[case]["msg"]
-    assert CASES[case][1] in msg
+    found, tmp = results
+    msg = found[case]["msg"]
+    assert CASES[case][1].replace("{tmp}", str(tmp)) in msg, msg
     if case != "unreachable" and case != "unreachable_direct":
         assert "cannot reach" not in msg  # refused before reaching the network
 
