@@ -103,6 +103,14 @@ def test_check_mode_is_a_dry_run_that_shows_the_plan(graceful_trainer):
     assert "DRY RUN (check mode): nothing will be signalled" in out
     assert "Will stop %d process(es)" % len(before) in out or "Will stop" in out
     assert re.search(r"Last step line: step \d+ \|", out), out
+    # the summaries say what a real run would do, never that anything was stopped (per host and fleet alike)
+    flat = " ".join(out.split())
+    busy = "busy 8/8 (0,1,2,3,4,5,6,7)"
+    assert f"Would stop {len(before)} process(es) by the ladder; GPUs now {busy}." in flat, out[-3000:]
+    assert "FLEET (dry run, nothing was signalled): 1 of 1 container(s) planned" in flat, out[-3000:]
+    assert f"ct200 (CT {MAIN_CT} on lab-pve): would stop {len(before)} process(es) by the ladder; GPUs now {busy}" \
+        in flat, out[-3000:]
+    assert "stopped with their GPUs free" not in flat
     assert trainer_pids(graceful_trainer) == before
     assert decoy_pids(graceful_trainer) == decoys
     assert sum(gpu_used(graceful_trainer).values()) == sum(held.values()) > 0
