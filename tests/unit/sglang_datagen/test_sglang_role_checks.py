@@ -214,3 +214,12 @@ def test_uv_gets_prereleases_and_the_indexes_pip_is_configured_with(tmp_path, mo
     assert argv[argv.index("--index-url") + 1] == "https://pypi.example.internal/simple", argv
     assert argv[-3:] == ["sglang-router==0.3.2", "-r", f"{home}/requirements-datagen.txt"], argv
     assert installs[0]["cert"] == "/etc/ssl/corp.pem"
+
+
+def test_a_gpu_the_node_does_not_have_is_refused_before_anything(tmp_path):
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B",
+                                                "sglang_datagen_gpus": list(range(10)),
+                                                "sglang_datagen_config": _pipeline_config(tmp_path)})
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert "names GPU(s) 8, 9, which this node does not have (nvidia-smi lists 0, 1, 2, 3, 4, 5, 6, 7)" in msg, msg
