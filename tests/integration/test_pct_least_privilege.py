@@ -32,8 +32,16 @@ import json
 
 import pytest
 
-from tests.support.ct200 import ct_init_pid, ct_processes, decoy_pids, gpu_used, lock_holder, trainer_pids
-from tests.support.datagen import WORK, generated_rows, reset_pipeline, wait_pipeline_finished
+from tests.support.ct200 import (
+    assert_stopped_cleanly,
+    ct_init_pid,
+    ct_processes,
+    decoy_pids,
+    gpu_used,
+    lock_holder,
+    trainer_pids,
+)
+from tests.support.datagen import WORK, generated_rows, prepared_ids, reset_pipeline, wait_pipeline_finished
 from tests.support.lab import MAIN_CT, SUDO_USER, lab_cli, lab_status, restore_trainer, trainer
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import run_playbook
@@ -149,18 +157,13 @@ def test_whole_playbook_as_pveops_with_only_the_pct_sudo_rule(lab):
     pre = task(tasks, "Pre-flight | Is the container running (asked on its PVE host)")
     assert pre["cmd"][:3] == SUDO_PCT and pre["ct_status"] == "running", pre
     only_pct_through_sudo_as_pveops(tasks, lab)
-    text = summary(tasks)
-    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free" in text, text
-    assert not trainer_pids(lab)
-    assert decoy_pids(lab) == decoys
-    assert max(gpu_used(lab).values()) <= 512
-    assert lock_holder(lab) is None
+    assert_stopped_cleanly(lab, summary(tasks), decoys)
 
     # the second half ran too, through the same pveops session: the pipeline finishes after the play
     assert pipeline_report(tasks).startswith(("pipeline: started", "pipeline: running")), pipeline_report(tasks)
     wait_pipeline_finished(lab, 300)
     rows = generated_rows(lab)
-    prepared = {json.loads(line)["id"] for line in attach(lab, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()}
+    prepared = prepared_ids(lab)
     assert prepared and {r["id"] for r in rows} >= prepared, (len(rows), len(prepared))
     tokenized = json.loads(attach(lab, "cat", f"{WORK}/tokenized/manifest.json").stdout)
     assert tokenized["rows_out"] == len(prepared), tokenized

@@ -21,15 +21,14 @@ shift: the install's own network access is not what this file proves.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shlex
 
 import pytest
 
-from tests.support.ct200 import decoy_pids, gpu_used, lock_holder, trainer_pids
-from tests.support.datagen import WORK, generated_rows, play, reset_pipeline, wait_pipeline_finished
+from tests.support.ct200 import assert_stopped_cleanly, decoy_pids, trainer_pids
+from tests.support.datagen import generated_rows, play, prepared_ids, reset_pipeline, wait_pipeline_finished
 from tests.support.lab import MAIN_CT, lab_status, lab_switched, trainer
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import run_playbook, task_results
@@ -184,19 +183,14 @@ def test_whole_playbook_against_the_unprivileged_ct200(unprivileged):
     reset_pipeline(unprivileged)
     rc, results, tail = whole_playbook()
     assert rc == 0, tail
-    text = summary(results)
-    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free" in text, text
-    assert not trainer_pids(unprivileged)
-    assert decoy_pids(unprivileged) == decoys
-    assert max(gpu_used(unprivileged).values()) <= 512
-    assert lock_holder(unprivileged) is None
+    assert_stopped_cleanly(unprivileged, summary(results), decoys)
 
     # the data half: every file it put is the container's, and the pipeline finishes
     for path in ("/opt/datagen/datagen.yml", "/opt/datagen/ready_gate.py"):
         st = os.stat(host_path(unprivileged, path))
         assert st.st_uid >= HOST_ROOT, (path, st.st_uid)
     wait_pipeline_finished(unprivileged, 300)
-    prepared = {json.loads(line)["id"] for line in attach(unprivileged, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()}
+    prepared = prepared_ids(unprivileged)
     rows = generated_rows(unprivileged)
     assert prepared and {r["id"] for r in rows} >= prepared, (len(rows), len(prepared))
 

@@ -87,6 +87,16 @@ def lock_holder(status: dict) -> Optional[dict]:
     return json.loads(done.stdout) if done.returncode == 0 and done.stdout.strip() else None
 
 
+def assert_stopped_cleanly(status: dict, summary: str, decoys: Set[int]) -> None:
+    """What the stop half leaves when it succeeded: its summary says so, no trainer process, the decoys (DECOYS,
+    taken before the run) untouched, every fake GPU down to its baseline, the run lock free."""
+    assert f"RESULT: CT {MAIN_CT} on lab-pve: training stopped, GPUs free" in summary, summary
+    assert not trainer_pids(status)
+    assert decoy_pids(status) == decoys
+    assert max(gpu_used(status).values()) <= 512
+    assert lock_holder(status) is None
+
+
 def ct_init_pid(status: dict, vmid: str = MAIN_CT) -> Optional[int]:
     """The container's init as a host PID (lxc-info on the lab's lxcpath): a new one means it really restarted."""
     done = subprocess.run(["lxc-info", "-P", status["lxcpath"], "-n", vmid, "-p", "-H"],

@@ -75,6 +75,11 @@ def generated_rows(status: dict) -> List[dict]:
     return [json.loads(line) for line in attach(status, "cat", f"{WORK}/generated.jsonl", check=False).stdout.splitlines()]
 
 
+def prepared_ids(status: dict) -> set:
+    """The ids prepare wrote to prompts.jsonl in CT200 (every one must come back generated)."""
+    return {json.loads(line)["id"] for line in attach(status, "cat", f"{WORK}/prompts.jsonl").stdout.splitlines()}
+
+
 def lab_worker_args(*extra: str) -> str:
     """Extra vars: the lab inventory's worker arguments, then ``extra`` (the stand-in's argparse: the last wins)."""
     args = yaml.safe_load(LAB_VARS_FILE.read_text())["sglang_datagen_worker_extra_args"]
