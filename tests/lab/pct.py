@@ -591,22 +591,15 @@ def create_file(path: str, perms: str | None, user: str | None, group: str | Non
     return fd
 
 
-def _open_ns(pid: int, kind: str, what: str) -> int:
-    """/proc/PID/ns/KIND opened, as pct.pm opens it (WHAT names the namespace in its messages)."""
-    try:
-        return os.open("/proc/%d/ns/%s" % (pid, kind), os.O_RDONLY)
-    except OSError:
-        raise die("failed to open the container's %s namespace" % what) from None
-
-
-def _setns(nsfd: int, flag: int, what: str) -> None:
-    if ctypes.CDLL(None, use_errno=True).setns(nsfd, flag) != 0:
-        raise die("failed to enter the container's %s namespace" % what)
-    os.close(nsfd)
-
-
 def _enter_mount_ns(pid: int) -> None:
-    _setns(_open_ns(pid, "mnt", "mount"), CLONE_NEWNS, "mount")
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        nsfd = os.open("/proc/%d/ns/mnt" % pid, os.O_RDONLY)
+    except OSError:
+        raise die("failed to open the container's mount namespace") from None
+    if libc.setns(nsfd, CLONE_NEWNS) != 0:
+        raise die("failed to enter the container's mount namespace")
+    os.close(nsfd)
     try:
         os.chdir("/")
     except OSError:
@@ -614,15 +607,20 @@ def _enter_mount_ns(pid: int) -> None:
 
 
 def _open_user_ns(pid: int) -> int:
-    """Opened before the mount namespace is entered: /proc there is the container's, where PID is another."""
-    return _open_ns(pid, "user", "user")
+    try:
+        return os.open("/proc/%d/ns/user" % pid, os.O_RDONLY)
+    except OSError:
+        raise die("failed to open the container's user namespace") from None
 
 
 def _enter_user_ns(nsfd: int) -> None:
     """An unprivileged CT's push creates the file as the container's root (pct.pm:771-788): setns into its user
     namespace, then setgid/setuid 0 there (host 100000), so the file is owned by it and a directory its root
     may not write refuses the file."""
-    _setns(nsfd, CLONE_NEWUSER, "user")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(nsfd, CLONE_NEWUSER) != 0:
+        raise die("failed to enter the container's user namespace")
+    os.close(nsfd)
     try:
         os.setgid(0)
     except OSError as exc:
