@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""``gpu_node_info``'s reading of the node: the GPUs and driver (nvidia-smi), glibc, an interpreter.
+"""``gpu_node_info``'s reading of the node: GPUs and driver (nvidia-smi), glibc, an interpreter, disk, a model, ports.
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets). What the facts fail to meet
@@ -16,7 +16,12 @@ import platform
 import typing as t
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError
-from ansible_collections.gpuops.repurpose.plugins.module_utils._node_needs import node_problems
+from ansible_collections.gpuops.repurpose.plugins.module_utils._node_needs import (
+    disk_problem,
+    model_problems,
+    node_problems,
+    port_problems,
+)
 from ansible_collections.gpuops.repurpose.plugins.module_utils._nvidia_smi import (
     check_nvidia_smi,
     gpu_query_argv,
@@ -25,6 +30,11 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._nvidia_smi impor
 from ansible_collections.gpuops.repurpose.plugins.module_utils._nvidia_smi_backend import (
     resolve_nvidia_smi,
     run_command,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    read_systemd_unit,
+    read_tcp_listeners,
+    socket_owners,
 )
 
 Runner = t.Callable[[t.Sequence[str], float], t.Tuple[int, str, str]]
@@ -72,6 +82,54 @@ def python_facts(run: Runner, path: str, timeout: float) -> t.Dict[str, t.Any]:
             "python_error": "" if rc == 0 else said}
 
 
+def nearest_directory(path: str) -> str:
+    """PATH, or its nearest ancestor that exists: where a directory still to be created would take its room."""
+    path = os.path.abspath(path)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def disk_facts(entries: t.Sequence[t.Mapping[str, t.Any]]) -> t.List[t.Dict[str, t.Any]]:
+    """Free bytes on the filesystem of each entry's path ({name, path, min_gb})."""
+    found = []
+    for entry in entries:
+        checked = nearest_directory(entry["path"])
+        stat = os.statvfs(checked)
+        found.append({"name": entry["name"], "path": entry["path"], "checked": checked,
+                      "free_bytes": stat.f_bavail * stat.f_frsize, "min_gb": float(entry["min_gb"])})
+    return found
+
+
+def directory_listing(path: str) -> t.Optional[t.List[str]]:
+    try:
+        return sorted(os.listdir(path))
+    except (NotADirectoryError, FileNotFoundError):
+        return None
+
+
+def _command_name(pid: int) -> str:
+    try:
+        with open("/proc/%d/comm" % pid, encoding="utf-8", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "gone"
+
+
+def port_facts(ports: t.Iterable[int]) -> t.List[t.Dict[str, t.Any]]:
+    """The TCP listeners on PORTS, each with the processes holding it (pid, command, systemd unit)."""
+    wanted = {int(port) for port in ports}
+    listeners = [item for item in read_tcp_listeners() if item.port in wanted]
+    owners = socket_owners(item.inode for item in listeners)
+    found = []
+    for item in listeners:
+        pids = sorted(owners.get(item.inode, []))
+        found.append({"address": item.address, "port": item.port, "pids": pids,
+                      "commands": [_command_name(pid) for pid in pids],
+                      "units": [read_systemd_unit(pid) for pid in pids]})
+    return found
+
+
 def read_node(params: t.Mapping[str, t.Any], run: Runner = run_command) -> t.Dict[str, t.Any]:
     """Every fact ``gpu_node_info`` returns, and its ``problems`` against the requirements in PARAMS."""
     timeout = float(params["timeout"])
@@ -79,7 +137,18 @@ def read_node(params: t.Mapping[str, t.Any], run: Runner = run_command) -> t.Dic
     facts["glibc_version"] = glibc_version()
     if params.get("python_path"):
         facts.update(python_facts(run, params["python_path"], timeout))
-    facts["problems"] = node_problems(facts, params.get("cuda_major"), params.get("glibc") or "",
-                                      params.get("python_path") or "", params.get("python_min") or "",
-                                      params.get("python_max") or "")
+    problems = node_problems(facts, params.get("cuda_major"), params.get("glibc") or "",
+                             params.get("python_path") or "", params.get("python_min") or "",
+                             params.get("python_max") or "")
+    if params.get("model_path"):
+        problems.extend(model_problems(params.get("model_name") or "model_path", params["model_path"],
+                                       directory_listing(params["model_path"])))
+    facts["disk"] = disk_facts(params.get("free_space") or [])
+    problems.extend(disk_problem(d["name"], d["path"], d["checked"], d["free_bytes"], d["min_gb"])
+                    for d in facts["disk"])
+    wanted = params.get("ports") or []
+    facts["ports_in_use"] = port_facts(item["port"] for item in wanted)
+    problems.extend(port_problems(facts["ports_in_use"], params.get("listen_address") or "0.0.0.0", wanted,
+                                  params.get("ports_owned_by") or []))
+    facts["problems"] = [problem for problem in problems if problem]
     return facts

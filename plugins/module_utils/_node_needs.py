@@ -91,3 +91,68 @@ def node_problems(facts: t.Mapping[str, t.Any], cuda_major: t.Optional[int], gli
                         or (None if facts.get("python_venv") else "%s cannot create a venv (%s)" % (
                             python_path, facts.get("python_error") or "no venv or ensurepip module")))
     return [problem for problem in problems if problem]
+
+
+# ---------------------------------------------------------------- disk, model files, ports
+
+WILDCARDS = ("0.0.0.0", "::")
+GB = 1000 ** 3
+
+
+def disk_problem(name: str, path: str, checked: str, free_bytes: int, need_gb: float) -> t.Optional[str]:
+    """Why PATH (its filesystem, read at CHECKED, the nearest directory that exists) has too little room for NAME."""
+    if free_bytes >= need_gb * GB:
+        return None
+    where = path if checked == path else "%s (read at %s)" % (path, checked)
+    return "%s: the filesystem of %s has %.1f GB free; it needs %g GB" % (name, where, free_bytes / GB, need_gb)
+
+
+# A model directory SGLang loads (transformers' from_pretrained layout): its config, a tokenizer in one of the
+# forms transformers reads, and weights.
+MODEL_TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"), ("vocab.txt",))
+MODEL_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def model_problems(name: str, path: str, listing: t.Optional[t.Sequence[str]]) -> t.List[str]:
+    """What the model directory PATH (LISTING: its file names, None when it is not a directory) lacks for SGLang."""
+    if listing is None:
+        return ["%s=%s is not a directory on this node" % (name, path)]
+    files = set(listing)
+    problems = []
+    if "config.json" not in files:
+        problems.append("%s=%s has no config.json" % (name, path))
+    if not any(all(part in files for part in form) for form in MODEL_TOKENIZER_FILES):
+        problems.append("%s=%s has no tokenizer (tokenizer.json, tokenizer.model, or vocab.json with merges.txt)"
+                        % (name, path))
+    if not any(entry.endswith(MODEL_WEIGHT_SUFFIXES) for entry in files):
+        problems.append("%s=%s has no weights (*.safetensors, *.bin)" % (name, path))
+    return problems
+
+
+def binds_clash(listening: str, wanted: str) -> bool:
+    """Whether a socket listening on LISTENING keeps a bind to WANTED (same port) from succeeding."""
+    return listening in WILDCARDS or wanted in WILDCARDS or listening == wanted
+
+
+def port_problems(listeners: t.Sequence[t.Mapping[str, t.Any]], address: str,
+                  wanted: t.Sequence[t.Mapping[str, t.Any]], own_units: t.Sequence[str]) -> t.List[str]:
+    """Each port in WANTED ({name, port}) that a listener in LISTENERS ({address, port, pids, units, commands})
+    holds where ADDRESS would bind it. A port held only by processes of units named with a prefix in OWN_UNITS
+    (the servers an earlier run started, which the role restarts itself) is no problem."""
+    problems = []
+    for want in wanted:
+        holders = [item for item in listeners if item["port"] == int(want["port"]) and binds_clash(item["address"], address)]
+        for item in holders:
+            units = [unit for unit in item.get("units") or [] if unit]
+            if item.get("pids") and units and len(units) == len(item["pids"]) \
+                    and all(unit.startswith(tuple(own_units)) for unit in units):
+                continue
+            if item.get("pids"):
+                who = ", ".join("pid %d (%s%s)" % (pid, command, ", " + unit if unit else "")
+                                for pid, command, unit in zip(item["pids"], item.get("commands") or [],
+                                                              item.get("units") or []))
+            else:
+                who = "a process this node cannot see (another container or the host sharing its network?)"
+            problems.append("port %d (%s) is in use on %s by %s" % (int(want["port"]), want["name"], item["address"], who))
+            break
+    return problems

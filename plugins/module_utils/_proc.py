@@ -13,6 +13,7 @@ can be tested table-driven against captured ``/proc`` text.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import typing as t
@@ -405,3 +406,74 @@ def files_open_for_writing(pid: int, proc_root: str = "/proc") -> set[tuple[int,
         if flags is not None and (flags & os.O_ACCMODE) in (os.O_WRONLY, os.O_RDWR):
             found.add((st.st_dev, st.st_ino))
     return found
+
+
+# ---------------------------------------------------------------- listening sockets
+
+class Listener(t.NamedTuple):
+    address: str  # as the kernel shows it, made readable: "0.0.0.0", "127.0.0.1", "::", "::1"
+    port: int
+    inode: int
+
+
+def _hex_address(text: str) -> str:
+    """A ``/proc/net/tcp{,6}`` local address (kernel-endian 32-bit words in hex) as an IP address string."""
+    raw = bytes.fromhex(text)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))  # each word is host (little) endian
+    if len(words) == 4:
+        return ".".join(str(b) for b in words)
+    return str(ipaddress.IPv6Address(words))
+
+
+def parse_tcp_listeners(text: str) -> list[Listener]:
+    """The sockets in state LISTEN (``0A``) of a ``/proc/net/tcp`` or ``/proc/net/tcp6`` text."""
+    found = []
+    for line in text.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) < 10 or fields[3] != "0A":
+            continue
+        address, port = fields[1].split(":", 1)
+        found.append(Listener(_hex_address(address), int(port, 16), int(fields[9])))
+    return found
+
+
+def read_tcp_listeners(proc_root: str = "/proc") -> list[Listener]:
+    """Every TCP listener in this network namespace, IPv4 and IPv6."""
+    found: list[Listener] = []
+    for name in ("tcp", "tcp6"):
+        try:
+            found.extend(parse_tcp_listeners(_read_text(os.path.join(proc_root, "net", name))))
+        except OSError:  # no tcp6 on a kernel without IPv6
+            continue
+    return found
+
+
+def socket_owners(inodes: t.Iterable[int], proc_root: str = "/proc") -> dict[int, list[int]]:
+    """{socket inode: pids holding it open} for INODES, from every visible process's fds (a socket of a process
+    this namespace cannot see, e.g. in another container sharing the network, has no owner here)."""
+    wanted = {"socket:[%d]" % inode: inode for inode in inodes}
+    owners: dict[int, list[int]] = {}
+    if not wanted:
+        return owners
+    for pid in list_pids(proc_root):
+        for target in set(fd_targets(pid, proc_root)):
+            if target in wanted:
+                owners.setdefault(wanted[target], []).append(pid)
+    return owners
+
+
+def parse_systemd_unit(cgroup_text: str) -> str:
+    """The systemd service or scope a ``/proc/PID/cgroup`` places the process in ('' when none)."""
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        for part in reversed(path.split("/")):
+            if part.endswith((".service", ".scope")):
+                return part
+    return ""
+
+
+def read_systemd_unit(pid: int, proc_root: str = "/proc") -> str:
+    try:
+        return parse_systemd_unit(_read_text(os.path.join(proc_root, str(pid), "cgroup")))
+    except OSError:  # gone meanwhile
+        return ""

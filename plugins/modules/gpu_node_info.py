@@ -7,15 +7,16 @@ from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: gpu_node_info
-short_description: Read a GPU node's GPUs, NVIDIA driver, glibc and Python, and say which requirements it misses
+short_description: Read a GPU node's GPUs, driver, glibc, Python, disk, model and ports, and say what it misses
 version_added: 0.1.0
 author:
   - gpuops.repurpose contributors (!UNKNOWN)
 description:
   - Reads, without changing anything, what decides whether a CUDA build can run on the node. The GPUs and the
     NVIDIA driver version (through C(nvidia-smi), bounded by O(timeout)); the glibc the module's interpreter runs
-    on; the version of the interpreter O(python_path), and whether it can create a venv.
-  - Given requirements (O(cuda_major), O(glibc), O(python_min), O(python_max)), RV(problems) lists each one the
+    on; the version of the interpreter O(python_path), and whether it can create a venv. Optionally the free space
+    for O(free_space), the files of a model directory O(model_path), and who listens on O(ports).
+  - Given requirements (O(cuda_major), O(glibc), O(python_min), O(python_max), and the options above), RV(problems) lists each one the
     node does not meet, in words that name the fact and the requirement. The module itself does not fail on a
     problem. The play decides, for example by an C(ansible.builtin.assert) naming its own variables, before it
     stops anything.
@@ -51,6 +52,65 @@ options:
   python_max:
     description: The newest Python (C(major.minor)) the software has wheels for.
     type: str
+  model_path:
+    description:
+      - A model directory on the node, as C(transformers)' C(from_pretrained) reads it. It must hold C(config.json),
+        a tokenizer (C(tokenizer.json), C(tokenizer.model), or C(vocab.json) with C(merges.txt)) and weights
+        (C(*.safetensors), C(*.bin)); each one missing is a problem. Give a local path only, not a Hub id.
+    type: path
+  model_name:
+    description: The name RV(problems) gives O(model_path), for example the play variable that set it.
+    type: str
+    default: model_path
+  free_space:
+    description:
+      - Room the software needs on the node. Each path's filesystem is read where the path, or its nearest
+        existing parent, is (a directory still to be created takes its room there); less free than C(min_gb)
+        is a problem.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: What needs the room, as RV(problems) names it (for example the play variable).
+        type: str
+        required: true
+      path:
+        description: The directory that will hold it.
+        type: path
+        required: true
+      min_gb:
+        description: Gigabytes (10^9 bytes) that must be free.
+        type: float
+        required: true
+  ports:
+    description:
+      - TCP ports the software will listen on at O(listen_address). A port a socket already listens on there
+        (or on a wildcard address) is a problem, naming the processes that hold it, unless every one of them
+        runs in a systemd unit that O(ports_owned_by) names.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: What the port is for, as RV(problems) names it (for example the play variable).
+        type: str
+        required: true
+      port:
+        description: The port.
+        type: int
+        required: true
+  listen_address:
+    description: The address the software will bind O(ports) on; C(0.0.0.0) or C(::) clash with any listener.
+    type: str
+    default: 0.0.0.0
+  ports_owned_by:
+    description:
+      - Prefixes of systemd unit names whose processes may hold O(ports) (the software's own servers from an
+        earlier run, which the play restarts itself).
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - gpuops.repurpose.attributes
   - gpuops.repurpose.attributes.PLATFORM
@@ -145,6 +205,53 @@ python_error:
   description: What went wrong running O(python_path) ('' when it ran).
   returned: when O(python_path) is given
   type: str
+disk:
+  description: The free space found for each entry of O(free_space).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    name:
+      description: The entry's name.
+      type: str
+    path:
+      description: The entry's path.
+      type: str
+    checked:
+      description: Where its filesystem was read (the path, or its nearest existing parent).
+      type: str
+    free_bytes:
+      description: Bytes free there for an unprivileged user (C(statvfs) C(f_bavail)).
+      type: int
+    min_gb:
+      description: The gigabytes the entry asked for.
+      type: float
+  sample: [{name: sglang_datagen_venv, path: /opt/datagen/venv, checked: /opt, free_bytes: 91234567890, min_gb: 30}]
+ports_in_use:
+  description: The listeners found on O(ports), each with the processes holding it.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    address:
+      description: The address it listens on.
+      type: str
+    port:
+      description: The port.
+      type: int
+    pids:
+      description: The processes holding it that the node can see (empty for a socket of another container).
+      type: list
+      elements: int
+    commands:
+      description: Their command names, in the order of RV(ports_in_use[].pids).
+      type: list
+      elements: str
+    units:
+      description: Their systemd units ('' for none), in the order of RV(ports_in_use[].pids).
+      type: list
+      elements: str
+  sample: [{address: 127.0.0.1, port: 31000, pids: [4242], commands: [python3], units: [sglang-datagen-worker@0.service]}]
 problems:
   description: Each requirement the node does not meet, one sentence each; empty when it meets them all.
   returned: always
@@ -168,6 +275,19 @@ def main() -> None:
             python_path=dict(type="path"),
             python_min=dict(type="str"),
             python_max=dict(type="str"),
+            model_path=dict(type="path"),
+            model_name=dict(type="str", default="model_path"),
+            free_space=dict(type="list", elements="dict", default=[], options=dict(
+                name=dict(type="str", required=True),
+                path=dict(type="path", required=True),
+                min_gb=dict(type="float", required=True),
+            )),
+            ports=dict(type="list", elements="dict", default=[], options=dict(
+                name=dict(type="str", required=True),
+                port=dict(type="int", required=True),
+            )),
+            listen_address=dict(type="str", default="0.0.0.0"),
+            ports_owned_by=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )

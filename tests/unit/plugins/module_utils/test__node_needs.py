@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._node_needs import (
+    GB,
+    binds_clash,
+    disk_problem,
     driver_problem,
     glibc_problem,
+    model_problems,
     node_problems,
     parse_version,
+    port_problems,
     python_problem,
 )
 
@@ -68,3 +73,65 @@ def test_an_unreadable_driver_is_a_problem_only_when_a_cuda_build_is_asked_for()
     assert node_problems(facts, None, "", "", "", "") == []
     assert node_problems(facts, 13, "", "", "", "") == [
         "the NVIDIA driver could not be read: nvidia-smi not found on PATH"]
+
+
+def test_disk_room_is_judged_in_gigabytes_naming_where_it_was_read():
+    assert disk_problem("sglang_datagen_venv", "/opt/datagen/venv", "/opt", 31 * GB, 30) is None
+    assert disk_problem("sglang_datagen_venv", "/opt/datagen/venv", "/opt", int(12.34 * GB), 30) == (
+        "sglang_datagen_venv: the filesystem of /opt/datagen/venv (read at /opt) has 12.3 GB free; it needs 30 GB")
+    assert disk_problem("x", "/srv", "/srv", 0, 1) == "x: the filesystem of /srv has 0.0 GB free; it needs 1 GB"
+
+
+@pytest.mark.parametrize("listing, missing", [
+    (["config.json", "tokenizer.json", "tokenizer_config.json", "model-00001-of-00002.safetensors"], []),
+    (["config.json", "vocab.json", "merges.txt", "pytorch_model.bin"], []),
+    (["config.json", "tokenizer.model", "model.safetensors"], []),
+    (["tokenizer.json", "model.safetensors"], ["has no config.json"]),
+    (["config.json", "vocab.json", "model.safetensors"], ["has no tokenizer"]),  # vocab.json alone is half a BPE
+    (["config.json", "tokenizer.json"], ["has no weights"]),
+    (None, ["is not a directory on this node"]),
+])
+def test_a_model_directory_needs_config_tokenizer_and_weights(listing, missing):
+    got = model_problems("sglang_datagen_model_path", "/models/Qwen3-8B", listing)
+    assert len(got) == len(missing)
+    for problem, words in zip(got, missing):
+        assert problem.startswith("sglang_datagen_model_path=/models/Qwen3-8B ") and words in problem, problem
+
+
+@pytest.mark.parametrize("listening, wanted, clash", [
+    ("127.0.0.1", "127.0.0.1", True),
+    ("127.0.0.1", "127.0.0.2", False),  # two lab nodes on one network: the same port on two loopback addresses
+    ("0.0.0.0", "127.0.0.2", True),
+    ("::", "10.0.0.1", True),
+    ("127.0.0.1", "0.0.0.0", True),
+])
+def test_which_binds_clash(listening, wanted, clash):
+    assert binds_clash(listening, wanted) is clash
+
+
+WANTED = [{"name": "sglang_datagen_router_port", "port": 30000},
+          {"name": "sglang_datagen_worker_base_port + 0", "port": 31000}]
+
+
+def test_a_port_held_by_something_else_is_named_with_its_holder():
+    listeners = [{"address": "0.0.0.0", "port": 30000, "pids": [812], "commands": ["jupyter-lab"],
+                  "units": ["jupyter.service"]},
+                 {"address": "127.0.0.1", "port": 31000, "pids": [], "commands": [], "units": []},
+                 {"address": "127.0.0.1", "port": 32000, "pids": [9], "commands": ["x"], "units": [""]}]
+    got = port_problems(listeners, "127.0.0.1", WANTED, ["sglang-datagen-"])
+    assert got == ["port 30000 (sglang_datagen_router_port) is in use on 0.0.0.0 by pid 812 (jupyter-lab, "
+                   "jupyter.service)",
+                   "port 31000 (sglang_datagen_worker_base_port + 0) is in use on 127.0.0.1 by a process this node "
+                   "cannot see (another container or the host sharing its network?)"]
+
+
+def test_a_port_held_by_the_roles_own_server_is_no_problem():
+    """A re-run finds its own workers on their ports: the role restarts them itself."""
+    ours = [{"address": "127.0.0.1", "port": 31000, "pids": [4242], "commands": ["python3"],
+             "units": ["sglang-datagen-worker@0.service"]}]
+    assert port_problems(ours, "127.0.0.1", WANTED, ["sglang-datagen-"]) == []
+    # not ours when one holder is outside the role's units, nor when nothing is named as ours
+    shared = [dict(ours[0], pids=[4242, 77], commands=["python3", "nc"], units=["sglang-datagen-worker@0.service",
+                                                                                "session-1.scope"])]
+    assert len(port_problems(shared, "127.0.0.1", WANTED, ["sglang-datagen-"])) == 1
+    assert len(port_problems(ours, "127.0.0.1", WANTED, [])) == 1
