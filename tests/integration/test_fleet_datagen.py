@@ -93,11 +93,13 @@ def served_since(lab: dict, before: dict, vmid: str) -> float:
                for i, url in enumerate(NODE_WORKERS[vmid]))
 
 
-def test_one_job_on_two_nodes_through_one_router_with_an_api_key_a_lost_node_and_a_rerun(fleet):
+def test_one_job_on_two_nodes_through_one_router_with_an_api_key_a_lost_node_and_a_rerun(fleet, tmp_path):
     """Both trainers stopped, one pipeline served by both nodes' workers through one router with an API key.
     Then CT210's workers all stop mid-generation: the router sends everything to CT200's, every id once. A
     re-run of the playbook starts CT210's workers again and the router routes to them again. (One test, so
     the two-node play and the pipeline are paid for once.)"""
+    started = tmp_path / "started"  # files newer than this on the controller are what the test's runs wrote
+    started.touch()
     for vmid in (MAIN_CT, NODE2_CT):
         trainer("graceful", vmid)
     reset_pipelines(fleet)
@@ -131,13 +133,15 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key_a_lost_node_and
     assert listed == {url: True for urls in NODE_WORKERS.values() for url in urls}, listed
     wait_for(lambda: served_since(fleet, before, NODE2_CT) > 0, 60, "CT210's workers answering")  # asked while there
 
-    # CT210 lost: all its workers stop
-    in_ct(fleet, NODE2_CT, "systemctl", "stop", "sglang-datagen.target")
+    # CT210 lost: all its workers die at once (a graceful stop would drain the requests the router keeps sending
+    # for up to the units' TimeoutStopSec, as SGLang's SIGTERM does); stopped, so that none restarts
+    in_ct(fleet, NODE2_CT, "sh", "-c", "systemctl stop --no-block sglang-datagen.target && "
+          "systemctl kill --signal=SIGKILL 'sglang-datagen-worker@*.service'")
+    wait_for(lambda: not any(_answers(url) for url in NODE_WORKERS[NODE2_CT]), 60, "CT210's workers gone")
     assert in_ct(fleet, MAIN_CT, "systemctl", "is-active", "datagen-pipeline.service",
                  check=False).stdout.strip() == "activating"
     left = 100 - len(generated_ids(fleet))
     assert left >= 30, f"only {left} rows left when CT210 went away"
-    assert not any(_answers(url) for url in NODE_WORKERS[NODE2_CT])  # gone: nothing listens there
     wait_pipeline_finished(fleet, 400)
     # one pipeline: every prepared id exactly once, no error, and no dataset on the second node
     prompts, ids = prompt_ids(fleet), generated_ids(fleet)
@@ -168,17 +172,34 @@ def test_one_job_on_two_nodes_through_one_router_with_an_api_key_a_lost_node_and
     assert http(ROUTER + "/v1/chat/completions", key="wrong", body=chat)[0] == 401
     assert http(ROUTER + "/workers")[0] == 401
     assert http(ROUTER + "/v1/chat/completions", key=key, body=chat)[0] == 200
-    # the key is in no log, unit file or summary: both plays' output, both nodes' journals and units
+    # the key: in no play output, no process's argv or environment, no journal line and no unit, and in no file
+    # but the role's 0600 ones, on either node and on this controller (every file written since the test began)
     assert key not in out and key not in rerun
+    key_files = {"/opt/datagen/api-key.env", "/opt/datagen/sglang-secrets.yaml"}
     for vmid in (MAIN_CT, NODE2_CT):
+        processes = in_ct(fleet, vmid, "ps", "axww", "e", "-o", "args").stdout
+        assert "sglang::router" in processes or vmid == NODE2_CT, processes[-2000:]
+        assert key not in processes, vmid
         journal = in_ct(fleet, vmid, "journalctl", "--no-pager", "-o", "cat", "--since", "-30min").stdout
         assert key not in journal, vmid
+        # SGLang's start-up line logs the key; it reached the journal redacted
+        worker_log = in_ct(fleet, vmid, "journalctl", "--no-pager", "-o", "cat", "-u", "sglang-datagen-worker@0").stdout
+        assert "<redacted>" in worker_log, vmid
         units = in_ct(fleet, vmid, "sh", "-c", "cat /etc/systemd/system/sglang-datagen* "
                       "/etc/systemd/system/datagen-pipeline.service 2>/dev/null; systemctl show -p ExecStart "
                       "'sglang-datagen-*'").stdout
-        assert key not in units and "--api-key ${SGLANG_DATAGEN_API_KEY}" in units, vmid
-        mode = in_ct(fleet, vmid, "stat", "-c", "%a", "/opt/datagen/api-key.env").stdout.strip()
-        assert mode == "600", (vmid, mode)
+        assert key not in units and "serve_keyed.py" in units, vmid
+        holding = in_ct(fleet, vmid, "sh", "-c", 'for d in /*; do case "$d" in /proc|/sys|/dev) ;; *) '
+                        'grep -rlsF -e "$1" "$d";; esac; done; true', "sh", key).stdout.split()
+        expected = key_files | ({"/opt/datagen/api-key"} if vmid == MAIN_CT else set())
+        assert set(holding) == expected, (vmid, holding)
+        modes = in_ct(fleet, vmid, "stat", "-c", "%a %n", *holding).stdout.split("\n")
+        assert all(line.startswith("600 ") for line in modes if line), (vmid, modes)
+    written = subprocess.run(["sh", "-c", 'find / -xdev \\( -path /proc -o -path /sys -o -path "$1" \\) -prune -o '
+                              '-type f -newer "$2" -print0 | xargs -0r grep -lsF -e "$3"; true', "sh",
+                              fleet["lxcpath"], str(started), key], capture_output=True, text=True, timeout=300,
+                             check=False).stdout
+    assert written.split() == [], written
 
 
 def _answers(url: str) -> bool:

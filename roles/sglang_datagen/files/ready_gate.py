@@ -36,6 +36,8 @@ def read_api_key(path: str) -> str:
     """The key from an environment file (``NAME=KEY``, the role's api-key.env) or a file holding only the key."""
     with open(path, encoding="utf-8") as handle:
         text = handle.read().strip()
+    if not text:
+        return ""
     return text.split("=", 1)[1].strip() if "=" in text.splitlines()[0] else text
 
 

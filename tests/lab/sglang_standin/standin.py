@@ -7,17 +7,20 @@ SGLang's (``/v1/chat/completions``, native ``/generate``, ``/v1/models``,
 ``finish_reason`` is ``length`` when ``max_tokens`` cuts the answer short.
 Rows that carry ``tools`` get a tool call first and a final answer once the
 conversation ends in a tool result; ``chat_template_kwargs.enable_thinking``
-adds ``reasoning_content`` as SGLang's reasoning parser does.
+makes the model think first (``<think>...</think>``), which lands in ``reasoning_content``
+only with ``--reasoning-parser``, as SGLang's reasoning parser does. The README's fidelity
+table names the upstream file each behaviour follows.
 
 A capacity like a real worker's (``--max-running-requests``, ``--max-queued-requests``,
 ``--max-total-tokens``, ``--batch-token-latency``): a running batch, a waiting queue, decode steps
 that take longer the bigger the batch, and SGLang's scheduler gauges on ``/metrics``
 (``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``...).
 
-Faults to test a client against: latency, a rate of 503s (with Retry-After),
-a rate of dropped connections (closed with no answer, or after half a body),
-a not-ready period (listening, but /health_generate answers 503) and a delayed
-listen (connection refused first, like a server still loading weights).
+Faults to test a client against: latency, a rate of 503s (SGLang's queue-full answer, which carries
+no Retry-After), a rate of dropped connections (closed with no answer, or after half a body),
+a not-ready period (listening and serving, but /health and /health_generate answer 503), a hung
+model (``--hang-while FILE``) and a delayed listen (connection refused first, like a server still
+loading weights).
 
 Loopback only. Run::
 
@@ -91,6 +94,85 @@ def auth_allowed(method: str, path: str, authorization: Optional[str], api_key: 
         return True
     parts = (authorization or "").split(" ", 1)
     return len(parts) == 2 and parts[0].lower() == "bearer" and secrets.compare_digest(parts[1], api_key)
+
+
+def error_body(message: str, err_type: str = "BadRequestError", code: int = 400,
+               param: Optional[str] = None) -> Dict[str, Any]:
+    """An OpenAI-route error as SGLang writes it: ``ErrorResponse`` (``entrypoints/openai/protocol.py``) built by
+    ``create_error_response`` (``entrypoints/openai/serving_base.py``). Never a Retry-After header: neither
+    serving_base.py nor http_server.py's exception handlers set one."""
+    return {"object": "error", "message": message, "type": err_type, "param": param, "code": code}
+
+
+def error_response(message: str, err_type: str = "BadRequestError", code: int = 400) -> web.Response:
+    return web.json_response(error_body(message, err_type, code), status=code)
+
+
+# serving_base.py handle_request: an HTTPException (the scheduler's 503 abort, raised by tokenizer_manager.py
+# _handle_abort_finish_reason) becomes type str(status_code); HTTPStatus is an IntEnum, "503" on Python >= 3.11,
+# which sglang 0.5.23 requires
+QUEUE_FULL = "The request queue is full."  # managers/scheduler.py _abort_on_queued_limit
+
+
+def context_error(input_tokens: int, max_new_tokens: Optional[int], context_length: int) -> Optional[str]:
+    """Why SGLang refuses a request for its length, or None (``managers/tokenizer_manager.py``
+    ``_validate_one_request``, without ``--allow-auto-truncate``): the prompt alone must be shorter than the
+    context, and the prompt plus the requested new tokens (when the request names a limit) must fit in it."""
+    if input_tokens >= context_length:
+        return (f"The input ({input_tokens} tokens) is longer than the model's context length "
+                f"({context_length} tokens).")
+    if max_new_tokens is not None and input_tokens + max_new_tokens > context_length:
+        return (f"Requested token count exceeds the model's maximum context length of {context_length} tokens. "
+                f"You requested a total of {input_tokens + max_new_tokens} tokens: {input_tokens} tokens from the "
+                f"input messages and {max_new_tokens} tokens for the completion. Please reduce the number of "
+                "tokens in the input messages or the completion to fit within the limit.")
+    return None
+
+
+def lora_adapter(model: str, served: str) -> Optional[str]:
+    """The LoRA adapter a request's ``model`` names (``base:adapter``), or None: any other name is served as the
+    one model (``entrypoints/openai/serving_base.py`` ``_parse_model_parameter``; the name is not checked)."""
+    if ":" not in model or model == served:
+        return None
+    adapter = model[len(served) + 1:] if model.startswith(served + ":") else model.split(":", 1)[1]
+    return adapter.strip() or None
+
+
+def first_stop(text: str, stops: List[str]) -> Optional[tuple]:
+    """(start, end, stop string) of the stop string the decoder meets first in ``text``, or None.
+
+    ``managers/schedule_batch.py`` (``FINISH_MATCHED_STR``) checks the stop strings after every token, in the
+    request's order, so the match that ends earliest wins (the first listed on a tie); the detokenizer then cuts
+    the text at that string's first occurrence (``detokenizer_manager.py`` ``trim_matched_stop``)."""
+    best: Optional[tuple] = None
+    for stop in stops:
+        pos = text.find(stop) if stop else -1
+        if pos >= 0 and (best is None or pos + len(stop) < best[1]):
+            best = (pos, pos + len(stop), stop)
+    return best
+
+
+def split_reasoning(text: str) -> tuple:
+    """(reasoning or None, the rest): the Qwen3 reasoning parser on a non-streamed answer
+    (``srt/parser/reasoning_parser.py``); an answer cut inside ``<think>`` is all reasoning."""
+    if not text.startswith("<think>"):
+        return None, text
+    reasoning, _sep, rest = text[len("<think>"):].partition("</think>")
+    return reasoning.strip() or None, rest.lstrip("\n")
+
+
+def split_tool_call(text: str) -> tuple:
+    """(content, call or None): a complete Hermes/Qwen ``<tool_call>`` block becomes the call, the text before it
+    (stripped) the content; an incomplete one stays text (``srt/function_call/qwen25_detector.py``)."""
+    start = text.find("<tool_call>")
+    end = text.find("</tool_call>", start + 1)
+    if start < 0 or end < 0:
+        return text, None
+    try:
+        call = json.loads(text[start + len("<tool_call>"):end])
+    except ValueError:
+        return text, None
+    return text[:start].strip(), call if isinstance(call, dict) else None
 
 
 def _words(seed: int, n: int) -> str:
@@ -345,6 +427,11 @@ class StandIn:
             a.batch_token_latency) if capacity or a.batch_token_latency > 0 else None
         self.seen_ids: Dict[str, int] = {}
         self.hold_file = ""  # set once the port is known ({port} in --not-ready-while)
+        self.hang_file = ""  # likewise for --hang-while
+        # tokenizer_manager.py: gracefully_exit (set by SIGTERM), server_status UnHealthy (a health check timed out)
+        self.gracefully_exit = False
+        self.unhealthy = False
+        self.in_flight = 0  # chat and generate requests not yet answered: what a SIGTERM drains
         self.tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
 
     # ------------------------------------------------------------------ helpers
@@ -384,22 +471,27 @@ class StandIn:
         return len(self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids)
 
     def ready(self) -> bool:
-        """SGLang's ``ServerStatus.Up``: past ``--not-ready-for`` and no ``--not-ready-while`` file present."""
+        """Past SGLang's ``ServerStatus.Starting``: past ``--not-ready-for`` and no ``--not-ready-while`` file."""
         if self.hold_file and os.path.exists(self.hold_file):
             return False
         return time.monotonic() - self.t0 >= self.a.not_ready_for
+
+    def hung(self) -> bool:
+        """The model produces nothing (``--hang-while FILE`` exists): a stuck scheduler or GPU."""
+        return bool(self.hang_file) and os.path.exists(self.hang_file)
 
     async def _fault(self, request: web.Request) -> Optional[web.StreamResponse]:
         """Maybe inject a fault: a 503, or a dropped connection. None: answer normally."""
         a = self.a
         if not self.ready():
+            # http_server.py gates only /health and /health_generate on server_status: SGLang's own warm-up
+            # request is a chat or generate request served while Starting, and so is anyone else's
             self.counters["while_not_ready"] = self.counters.get("while_not_ready", 0) + 1
-            return web.json_response({"object": "error", "message": "server is starting", "code": 503}, status=503)
         r = self.rng.random()
         if r < a.fail_rate:
+            # what a real worker says when it sheds load: the queue-full abort (no Retry-After)
             self.counters["injected_503"] += 1
-            return web.json_response({"object": "error", "message": "injected overload", "code": 503},
-                                     status=503, headers={"Retry-After": str(a.retry_after)})
+            return self.queue_full()
         if r < a.fail_rate + a.drop_rate:
             self.counters["dropped"] += 1
             if self.rng.random() < 0.5:
@@ -423,6 +515,8 @@ class StandIn:
     async def _latency(self, n_tokens: int, prompt_tokens: int, max_new_tokens: int) -> None:
         """The model's time for one request: ``--latency``, then its tokens (through the batch scheduler when
         a capacity is set; raises QueueFull when its queue is full)."""
+        while self.hung():  # requests wait as long as the model hangs
+            await asyncio.sleep(0.05)
         if self.a.latency > 0:
             await asyncio.sleep(self.a.latency)
         if self.scheduler is not None:
@@ -437,11 +531,72 @@ class StandIn:
 
     @staticmethod
     def queue_full() -> web.StreamResponse:
-        # scheduler.py _abort_on_queued_limit: finish_reason abort, status_code 503, "The request queue is full."
-        return web.json_response({"object": "error", "message": "The request queue is full.",
-                                  "type": "Service Unavailable", "param": None, "code": 503}, status=503)
+        # scheduler.py _abort_on_queued_limit (status 503), turned into an HTTPException by tokenizer_manager.py
+        # and into ErrorResponse(type=str(503)) by serving_base.py handle_request (and for /generate by
+        # http_server.py's HTTPException handler, the same body)
+        return error_response(QUEUE_FULL, "503", 503)
 
     # ------------------------------------------------------------------ endpoints
+
+    def _answer(self, prompt: str, last: Dict[str, Any], t_tools: Any, max_tokens: int, seed: int,
+                thinking: bool) -> tuple:
+        """(raw, n, finish): the text the model writes (Qwen/Hermes markup: ``<think>...</think>``, then the
+        answer or a ``<tool_call>`` block), its token count and how it ends by itself ("stop", "length")."""
+        # the reasoning (10 tokens) and the stop token come out of the same max_tokens budget
+        reserve = 10 if thinking else 0
+        text, n, finish = self._completion(prompt, max(1, max_tokens - reserve - 1), seed)
+        if finish == "length":  # it would not have stopped: the whole budget is answer, no stop token
+            text, n, finish = self._completion(prompt, max(1, max_tokens - reserve), seed)
+        raw = text
+        if t_tools and last.get("role") != "tool":
+            fn = t_tools[0]["function"]
+            props = list((fn.get("parameters") or {}).get("properties", {}))
+            args = {p: _words(zlib.crc32(p.encode(), seed), 2) for p in props}
+            raw = "<tool_call>\n" + json.dumps({"name": fn.get("name") or "tool", "arguments": args}) + "\n</tool_call>"
+            n, finish = 8 + 4 * len(props), "stop"
+        if thinking:
+            raw = "<think>\nLet me think. " + _words(n, 8) + "\n</think>\n\n" + raw
+            n += 10
+        return raw, n, finish
+
+    def _sampled(self, raw: str, n: int, max_tokens: int, natural: str, stops: List[str],
+                 no_stop_trim: bool) -> tuple:
+        """(text, output ids, finish_reason, matched_stop): what decoding ``raw`` gives under ``max_tokens`` and the
+        request's ``stop`` strings. A stop string met within the budget ends it there ("stop", the string; the
+        text cut before it unless ``no_stop_trim``: ``detokenizer_manager.py`` ``trim_matched_stop``); else
+        ``max_tokens`` cuts it ("length") or the model stops by itself (the stop token last, ``matched_stop`` its
+        id)."""
+        out_ids, cut = self.output_ids(raw, n, max_tokens, natural != "length")
+        hit = first_stop(raw, stops)
+        if hit is not None:
+            start, end, stop = hit
+            upto = raw[:end]
+            if self.tokenizer is not None:
+                ids = self.tokenizer.backend_tokenizer.encode(upto, add_special_tokens=False).ids
+            else:  # made-up ids: as many as the share of the text sampled up to the match
+                ids = fake_ids(upto, max(1, round(n * len(upto) / max(1, len(raw)))))
+            if len(ids) <= max_tokens:
+                return (upto if no_stop_trim else raw[:start]), ids, "stop", stop
+        if cut:  # ran into max_tokens: what was sampled
+            return (self.tokenizer.decode(out_ids) if self.tokenizer is not None else raw), out_ids, "length", None
+        return raw, out_ids, natural, out_ids[-1] if natural != "length" else None
+
+    def _message(self, text: str, tools: bool, call_id: str) -> tuple:
+        """(message, has tool calls): the parsers on the sampled text (``serving_chat.py`` ``_build_chat_response``):
+        the reasoning parser only when the worker has ``--reasoning-parser``, then the tool-call markup when the
+        request has tools; ``content`` is "" rather than null."""
+        reasoning = None
+        if self.a.reasoning_parser:
+            reasoning, text = split_reasoning(text)
+        message: Dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": reasoning}
+        if tools:
+            content, call = split_tool_call(text)
+            if call is not None:
+                message["content"] = content
+                message["tool_calls"] = [{"id": call_id, "index": 0, "type": "function", "function": {
+                    "name": call.get("name") or "tool", "arguments": json.dumps(call.get("arguments") or {})}}]
+                return message, True
+        return message, False
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.counters["requests"] += 1
@@ -451,69 +606,52 @@ class StandIn:
         try:
             body = json.loads(await request.read())
             messages: List[Dict[str, Any]] = body["messages"]
-            if not isinstance(messages, list) or not messages:
-                raise ValueError("messages must be a non-empty list")
+            if not isinstance(messages, list):
+                raise ValueError("messages must be a list")
         except (ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"object": "error", "message": f"bad request: {exc}", "code": 400}, status=400)
-        model = body.get("model")
-        if model is not None and model != self.model:
-            return web.json_response({"object": "error", "message": f"model {model!r} not found", "code": 404},
-                                     status=404)
+            # http_server.py: a body that does not validate is a 400 "Bad Request" (not FastAPI's 422)
+            return error_response(f"bad request: {exc}", "Bad Request")
+        if not messages:
+            return error_response("Messages cannot be empty.")  # serving_chat.py _validate_request
+        # the model name is not checked (serving_base.py _parse_model_parameter: only "base:adapter" means a
+        # LoRA adapter, refused without --enable-lora by tokenizer_manager.py); the response echoes it
+        model = str(body.get("model") or "default")  # protocol.py DEFAULT_MODEL_NAME
+        adapter = lora_adapter(model, self.model)
+        if adapter is not None:
+            return error_response(f"LoRA adapter '{adapter}' was requested, but LoRA is not enabled. Please launch "
+                                  "the server with --enable-lora flag and preload adapters using --lora-paths or "
+                                  "/load_lora_adapter endpoint.")
         kwargs = body.get("chat_template_kwargs") or {}
         if body.get("stream") and (body.get("return_prompt_token_ids") or body.get("return_token_ids")):
-            # serving_chat.py: the token id flags are refused with stream (ValueError -> 400)
-            return web.json_response({"object": "error", "code": 400, "message":
-                                      "return_token_ids is not supported with streaming"}, status=400)
+            # serving_chat.py _convert_to_internal_request: a ValueError, type "BadRequest"
+            return error_response("return_token_ids is not supported with streaming on /v1/chat/completions. "
+                                  "Please set stream=false when using return_token_ids=true.", "BadRequest")
         try:
             t_messages, t_tools = sglang_template_inputs(body)
             prompt_ids = self.chat_prompt_ids(t_messages, t_tools, kwargs)
         except Exception as exc:  # bad tool-call arguments, jinja errors (bad role order...): SGLang's 400
-            return web.json_response({"object": "error", "message": f"chat template: {exc}", "code": 400},
-                                     status=400)
+            return error_response(f"chat template: {exc}", "BadRequest")
         prompt_tokens = len(prompt_ids)
-        if prompt_tokens > self.a.context_length:
-            return web.json_response({"object": "error", "code": 400, "message":
-                                      f"prompt is {prompt_tokens} tokens, longer than the context "
-                                      f"{self.a.context_length}"}, status=400)
-        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
+        # protocol.py: max_new_tokens = max_completion_tokens or max_tokens (None: no total check, the scheduler's
+        # own default)
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        too_long = context_error(prompt_tokens, int(limit) if limit else None, self.a.context_length)
+        if too_long:
+            return error_response(too_long)  # a ValueError in generate_request: serving_chat.py's default type
+        max_tokens = int(limit or 128)
         # SGLang samples with a request's seed only under --enable-deterministic-inference
         # (srt/sampling/sampling_batch_info.py); otherwise the seed is ignored
         seed = int(body.get("seed") or 0) if self.a.enable_deterministic_inference else 0
         last = messages[-1]
         prompt = _text_of(last.get("content")) + "|" + str(len(messages))
-        thinking = bool(kwargs.get("enable_thinking"))
-        # the reasoning (10 tokens) and the stop token come out of the same max_tokens budget
-        reserve = 10 if thinking else 0
-        text, n, finish = self._completion(prompt, max(1, max_tokens - reserve - 1), seed)
-        if finish == "length":  # it would not have stopped: the whole budget is answer, no stop token
-            text, n, finish = self._completion(prompt, max(1, max_tokens - reserve), seed)
-        # the raw text the model writes (Qwen/Hermes markup), then what the parsers make of it
-        message: Dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": None}
-        raw = text
-        if t_tools and last.get("role") != "tool":
-            fn = t_tools[0]["function"]
-            props = list((fn.get("parameters") or {}).get("properties", {}))
-            args = {p: _words(zlib.crc32(p.encode(), seed), 2) for p in props}
-            call_id = f"call_{zlib.crc32(prompt.encode()) & 0xFFFFFF:06x}"
-            message["tool_calls"] = [{"id": call_id, "index": 0, "type": "function",
-                                      "function": {"name": fn.get("name") or "tool", "arguments": json.dumps(args)}}]
-            message["content"] = ""  # serving_chat.py: content=text if text else ""
-            raw = "<tool_call>\n" + json.dumps({"name": fn.get("name") or "tool", "arguments": args}) + "\n</tool_call>"
-            n = 8 + 4 * len(props)
-            finish = "tool_calls"
-        if thinking:
-            message["reasoning_content"] = "Let me think. " + _words(n, 8)
-            raw = "<think>\n" + message["reasoning_content"] + "\n</think>\n\n" + raw
-            n += 10
-        out_ids, cut = self.output_ids(raw, n, max_tokens, finish != "length")
-        if cut:  # the answer ran into max_tokens: what was sampled, through the reasoning parser only
-            finish = "length"
-            sampled = self.tokenizer.decode(out_ids) if self.tokenizer is not None else raw
-            reasoning = None
-            if thinking and sampled.startswith("<think>\n"):
-                reasoning, _sep, sampled = sampled[len("<think>\n"):].partition("</think>")
-                reasoning, sampled = reasoning.strip(), sampled.lstrip("\n")
-            message = {"role": "assistant", "content": sampled, "reasoning_content": reasoning or None}
+        raw, n, natural = self._answer(prompt, last, t_tools, max_tokens, seed, bool(kwargs.get("enable_thinking")))
+        stops = body.get("stop") or []
+        text, out_ids, finish, matched = self._sampled(raw, n, max_tokens, natural,
+                                                       [stops] if isinstance(stops, str) else list(stops),
+                                                       bool(body.get("no_stop_trim")))
+        message, called = self._message(text, bool(t_tools), f"call_{zlib.crc32(prompt.encode()) & 0xFFFFFF:06x}")
+        if called and finish == "stop":  # serving_chat.py _process_tool_calls: "tool_calls", matched dropped
+            finish, matched = "tool_calls", None
         n = len(out_ids)
         try:
             await self._latency(n, prompt_tokens, max_tokens)
@@ -523,7 +661,7 @@ class StandIn:
         self.counters["prompt_tokens"] += prompt_tokens
         self.counters["generation_tokens"] += n
         choice: Dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish,
-                                  "matched_stop": out_ids[-1] if finish != "length" else None}
+                                  "matched_stop": matched}
         # protocol.py ChatCompletionResponseChoice: the ids only when asked (return_token_ids implies both)
         if body.get("return_prompt_token_ids") or body.get("return_token_ids"):
             choice["prompt_token_ids"] = prompt_ids
@@ -533,7 +671,7 @@ class StandIn:
             "id": f"chatcmpl-{self.counters['requests']}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": self.model,
+            "model": model,
             "choices": [choice],
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n,
                       "prompt_tokens_details": None, "reasoning_tokens": 0, "completion_tokens_details": None},
@@ -570,11 +708,14 @@ class StandIn:
         except (ValueError, TypeError) as exc:
             return web.json_response({"error": {"message": f"bad request: {exc}"}}, status=400)
         sp = body.get("sampling_params") or {}
+        prompt_tokens = len(input_ids) if isinstance(input_ids, list) else self.count_text(prompt)
+        too_long = context_error(prompt_tokens, sp.get("max_new_tokens"), self.a.context_length)
+        if too_long:  # http_server.py generate_request: a ValueError is _create_error_response's {"error": ...}
+            return web.json_response({"error": {"message": too_long}}, status=400)
         max_new = int(sp.get("max_new_tokens") or 128)
         text, n, finish = self._completion(prompt, max_new, int(sp.get("seed") or 0))
         out_ids, _cut = self.output_ids(text, n, max_new, finish != "length")
         n = len(out_ids)
-        prompt_tokens = len(input_ids) if isinstance(input_ids, list) else self.count_text(prompt)
         try:
             await self._latency(n, prompt_tokens, max_new)
         except QueueFull:
@@ -621,15 +762,38 @@ class StandIn:
             "model_path": self.a.model_path or self.model, "served_model_name": self.model,
             "tokenizer_path": self.a.tokenizer, "context_length": self.a.context_length, "tp_size": 1, "dp_size": 1,
             "reasoning_parser": self.a.reasoning_parser, "tool_call_parser": self.a.tool_call_parser,
-            "enable_deterministic_inference": False, "version": "standin", "internal_states": [{}]})
-
-    async def health(self, request: web.Request) -> web.StreamResponse:
-        # SGLang's /health: 503 while the server status is Starting, then 200 without generating
-        return web.Response(status=200 if self.ready() else 503)
+            "enable_deterministic_inference": self.a.enable_deterministic_inference, "version": "standin", "internal_states": [{}]})
 
     async def health_generate(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's ``/health`` and ``/health_generate`` (``entrypoints/http_server.py`` ``health_generate``): 503
+        while shutting down or starting; otherwise a one-token generation, 200 once the model answers, 503 (and
+        the worker UnHealthy) when it does not within the health-check timeout."""
         self.counters["health_generate"] = self.counters.get("health_generate", 0) + 1
-        return web.Response(status=200 if self.ready() else 503)
+        if self.gracefully_exit or not self.ready():
+            return web.Response(status=503)
+        if not await self._one_token():
+            print("standin: Health check failed. Server couldn't get a response from detokenizer for last "
+                  f"{self.a.health_check_timeout:g} seconds.", file=sys.stderr, flush=True)
+            self.unhealthy = True
+            return web.Response(status=503)
+        self.unhealthy = False  # http_server.py: a health check that succeeds sets the status Up again
+        return web.Response(status=200)
+
+    async def _one_token(self) -> bool:
+        """Whether the health check's generation comes back in time. Upstream it is a real one-token request
+        (1 to 20 s on a busy node, polled once a second); here ``--health-generate-latency``, longer while hung."""
+        deadline = time.monotonic() + self.a.health_check_timeout
+        await asyncio.sleep(min(self.a.health_generate_latency, self.a.health_check_timeout))
+        while self.hung():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def ready_endpoint(self, request: web.Request) -> web.StreamResponse:
+        # http_server.py /ready: tokenizer_manager.is_ready(), no generation
+        up = not self.gracefully_exit and self.ready() and not self.unhealthy
+        return web.Response(status=200 if up else 503)
 
     def scheduler_gauges(self) -> Dict[str, float]:
         """What the scheduler reports now (metrics_reporter.py: running batch, waiting queue, token pool)."""
@@ -677,6 +841,37 @@ class StandIn:
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     @web.middleware
+    async def _count_in_flight(self, request: web.Request, handler):
+        """Count the model requests in flight: a SIGTERM waits for them (tokenizer_manager.py sigterm_watchdog)."""
+        if request.path not in ("/v1/chat/completions", "/generate"):
+            return await handler(request)
+        self.in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            self.in_flight -= 1
+
+    async def drain(self) -> None:
+        """SIGTERM (tokenizer_manager.py ``SignalHandler.sigterm_handler`` and ``sigterm_watchdog``): health answers
+        503 from now on; requests keep being served until none is left (checked every ``--drain-poll`` seconds,
+        5 upstream), at once when a health check had failed (UnHealthy: SGLang force-exits)."""
+        print("standin: SIGTERM received. Draining requests and shutting down...", file=sys.stderr, flush=True)
+        self.gracefully_exit = True
+        said = 0.0  # the count is logged every 5 s, as upstream's loop does, however fast the stand-in polls
+        while True:
+            await asyncio.sleep(self.a.drain_poll)
+            if self.unhealthy:
+                print("standin: Signal SIGTERM received while health check failed. Force exiting.",
+                      file=sys.stderr, flush=True)
+                return
+            if self.in_flight == 0:
+                return
+            if time.monotonic() - said >= 5.0:
+                said = time.monotonic()
+                print(f"standin: Gracefully exiting... Remaining number of requests {self.in_flight}.",
+                      file=sys.stderr, flush=True)
+
+    @web.middleware
     async def _api_key(self, request: web.Request, handler):
         """SGLang's answer to a request without the key: 401 ``{"error": "Unauthorized"}`` (auth.py's middleware)."""
         if not auth_allowed(request.method, request.path, request.headers.get("Authorization"),
@@ -686,22 +881,85 @@ class StandIn:
         return await handler(request)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._api_key])
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._api_key, self._count_in_flight])
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/v1/models/{model}", self.retrieve_model)
+        app.router.add_get("/v1/models/{model:.+}", self.retrieve_model)  # http_server.py: {model:path}
         for path in ("/model_info", "/get_model_info"):
             app.router.add_get(path, self.model_info)
         for path in ("/server_info", "/get_server_info"):
             app.router.add_get(path, self.server_info)
-        app.router.add_get("/health", self.health)
+        # http_server.py: one handler for both paths (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is on by default)
+        app.router.add_get("/health", self.health_generate)
         app.router.add_get("/health_generate", self.health_generate)
+        app.router.add_get("/ready", self.ready_endpoint)
         app.router.add_get("/metrics", self.metrics)
         return app
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+# sampling/watermarking/core.py WATERMARK_SECRET_FIELD_NAMES: the only server_args fields SGLang's log line redacts
+WATERMARK_SECRETS = ("watermark_key", "watermark_key_b", "watermark_config")
+
+
+def merge_config(parser: argparse.ArgumentParser, argv: List[str]) -> List[str]:
+    """``argv`` with ``--config FILE`` replaced by the file's settings, as SGLang merges them
+    (``sglang/srt/utils/server_args_config_parser.py`` ``ConfigArgumentMerger``): one ``--config`` only, a .yaml or
+    .yml file holding a mapping; each key becomes ``--KEY`` spelled as written (so ``api_key`` gives ``--api_key``,
+    which the parser then refuses); a boolean of a store_true flag is the bare flag when true and nothing when
+    false, of any other key ``--KEY true|false``; a list is ``--KEY a b``, a mapping its JSON, the rest ``str()``.
+    The file's flags go first, then the command line without ``--config FILE``: argparse keeps the last value,
+    so the command line wins. ValueError says what is wrong, as upstream raises it."""
+    import yaml  # only with --config
+
+    at = [i for i, a in enumerate(argv) if a == "--config"]
+    if len(at) > 1:
+        raise ValueError("Multiple config files specified! Only one allowed.")
+    if at[0] == len(argv) - 1:
+        raise ValueError("No config file specified after --config flag!")
+    path = argv[at[0] + 1]
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in (".yaml", ".yml"):
+        raise ValueError(f"Config file must be YAML format, got: {suffix}")
+    if not os.path.exists(path):
+        raise ValueError(f"Config file not found: {path}")
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ValueError("Config file must contain a dictionary at root level")
+    # the keys of store_true flags: dest and every long spelling, normalised to underscores (_config_keys)
+    flags = {key for act in parser._actions if isinstance(act, argparse._StoreTrueAction)
+             for key in [act.dest] + [o[2:].replace("-", "_") for o in act.option_strings if o.startswith("--")]}
+    out: List[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            if str(key).replace("-", "_") in flags:
+                out += [f"--{key}"] if value else []
+            else:
+                out += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            out += [f"--{key}", *map(str, value)] if value else []
+        elif isinstance(value, dict):
+            out += [f"--{key}", json.dumps(value)]
+        else:
+            out += [f"--{key}", str(value)]
+    return out + argv[:at[0]] + argv[at[0] + 2:]
+
+
+def server_args_line(args: argparse.Namespace) -> str:
+    """The start-up line SGLang logs (``sglang/srt/entrypoints/engine.py``: ``server_args=`` and the resolved
+    settings, ``_server_args_for_logging``): only the watermark secrets are redacted, ``api_key`` is in clear.
+    The stand-in's settings under SGLang's field names, in SGLang's log format ("[%Y-%m-%d %H:%M:%S] ")."""
+    rename = {"model": "served_model_name", "tokenizer": "tokenizer_path"}
+    fields = {rename.get(k, k): v for k, v in vars(args).items() if k not in ("config", "worker_urls")}
+    for secret in WATERMARK_SECRETS:
+        fields[secret] = "<redacted>" if fields.get(secret) is not None else None
+    return f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] server_args={fields}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The stand-in's flags: its own, and the SGLang ones it follows (others are accepted and ignored)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     ap.add_argument("--host", default="127.0.0.1", help="loopback only")
     ap.add_argument("--port", type=int, default=30000, help="0: any free port (see --port-file)")
@@ -725,16 +983,29 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--batch-token-latency", type=float, default=0.0,
                     help="seconds a decode step takes longer per running request (step time: "
                          "--token-latency + this x running)")
-    ap.add_argument("--fail-rate", type=float, default=0.0, help="share of requests answered 503")
-    ap.add_argument("--retry-after", type=float, default=0, help="Retry-After seconds on injected 503s")
+    ap.add_argument("--fail-rate", type=float, default=0.0,
+                    help="share of requests answered 503 as SGLang answers a full queue (no Retry-After)")
     ap.add_argument("--drop-rate", type=float, default=0.0, help="share of requests whose connection is dropped")
-    ap.add_argument("--not-ready-for", type=float, default=0.0, help="seconds /health_generate answers 503")
+    ap.add_argument("--not-ready-for", type=float, default=0.0,
+                    help="seconds /health and /health_generate answer 503 (starting; chat is served)")
     ap.add_argument("--not-ready-while", default="", metavar="FILE",
                     help="/health and /health_generate answer 503 while FILE exists ({port}: the bound port), "
                          "as a worker still starting")
+    ap.add_argument("--hang-while", default="", metavar="FILE",
+                    help="the model hangs while FILE exists ({port}: the bound port): requests wait, /health and "
+                         "/health_generate answer 503 after --health-check-timeout")
+    ap.add_argument("--health-generate-latency", type=float, default=0.02,
+                    help="seconds the health check's one-token generation takes (1 to 20 s on a real node)")
+    ap.add_argument("--health-check-timeout", type=float,
+                    default=float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")),
+                    help="seconds a health check waits for its token (SGLang's SGLANG_HEALTH_CHECK_TIMEOUT)")
+    ap.add_argument("--drain-poll", type=float, default=0.1,
+                    help="after SIGTERM, seconds between checks for requests still in flight (5 in SGLang)")
     ap.add_argument("--enable-deterministic-inference", action="store_true",
                     help="SGLang's flag: only then does a request's seed change the answer")
-    ap.add_argument("--reasoning-parser", default=None, help="SGLang's flag; reported by /model_info")
+    ap.add_argument("--reasoning-parser", default=None,
+                    help="SGLang's flag: thinking goes to reasoning_content (else it stays in content); "
+                         "reported by /model_info")
     ap.add_argument("--tool-call-parser", default=None, help="SGLang's flag; reported by /model_info")
     ap.add_argument("--listen-delay", type=float, default=0.0, help="seconds before the port is opened")
     ap.add_argument("--min-tokens", type=int, default=16)
@@ -745,7 +1016,27 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help="SGLang's flag: every endpoint but /health*, /ready*, /metrics needs 'Authorization: Bearer KEY'")
     ap.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default=None,
                     help="count prompt_tokens with this tokenizer's chat template (needs transformers)")
+    for secret in WATERMARK_SECRETS:  # accepted so that the server_args line shows what upstream redacts
+        ap.add_argument("--" + secret.replace("_", "-"), default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--config", default=None, metavar="FILE.yaml",
+                    help="SGLang's config file: its keys are flags (api-key: KEY), the command line wins")
     ap.add_argument("--worker-urls", nargs="+", default=None, help=argparse.SUPPRESS)
+    return ap
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    ap = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--config" in argv:
+        try:
+            argv = merge_config(ap, argv)
+        except (ValueError, OSError) as exc:  # upstream raises these out of prepare_server_args
+            ap.exit(1, f"standin: --config: {exc}\n")
+    # no SGLang flag has an underscore, so its parser refuses --api_key (what an api_key: key in the config
+    # file turns into); the stand-in ignores flags it does not know, but not these
+    wrong = [a for a in argv if a.startswith("--") and "_" in a.split("=", 1)[0]]
+    if wrong:
+        ap.error(f"unrecognized arguments: {' '.join(wrong)}")
     args, _unknown = ap.parse_known_args(argv)  # SGLang/router flags in lab mode are accepted and ignored
     if args.model is None:
         args.model = os.path.basename((args.model_path or "standin-model").rstrip("/")) or "standin-model"
@@ -757,8 +1048,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for name in ("max_running_requests", "max_queued_requests", "max_total_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.batch_token_latency < 0 or args.token_latency < 0:
-        ap.error("--token-latency and --batch-token-latency must not be negative")
+    for name in ("batch_token_latency", "token_latency", "health_generate_latency", "health_check_timeout",
+                 "drain_poll"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must not be negative")
     if args.fail_rate + args.drop_rate > 1.0:
         ap.error("--fail-rate plus --drop-rate must not exceed 1")
     if args.worker_urls:
@@ -768,13 +1061,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    print(server_args_line(args), file=sys.stderr, flush=True)  # before the model loads, as upstream
     if args.listen_delay > 0:
         await asyncio.sleep(args.listen_delay)
     standin = StandIn(args)
     standin.t0 = time.monotonic()
     app = standin.app()
     what = f"{args.model!r}" + (f" (prompt tokens: {args.tokenizer})" if args.tokenizer else "")
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # shutdown_timeout: after the drain nothing is in flight but what a force exit (UnHealthy) leaves hanging
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
     await runner.setup()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -784,6 +1079,8 @@ async def serve(args: argparse.Namespace) -> None:
     port = sock.getsockname()[1]
     if args.not_ready_while:
         standin.hold_file = args.not_ready_while.replace("{port}", str(port))
+    if args.hang_while:
+        standin.hang_file = args.hang_while.replace("{port}", str(port))
     if args.port_file:
         tmp = args.port_file + ".tmp"
         with open(tmp, "w", encoding="ascii") as fh:
@@ -792,8 +1089,15 @@ async def serve(args: argparse.Namespace) -> None:
     print(f"standin: serving {what} on http://{args.host}:{port}", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    draining: List[asyncio.Task] = []  # the one drain a first SIGTERM starts (kept referenced)
+
+    async def drain_then_stop() -> None:
+        await standin.drain()
+        stop.set()
+
+    # SIGTERM drains (health 503 meanwhile), as SGLang's sigterm handler and watchdog; SIGINT stops at once
+    loop.add_signal_handler(signal.SIGTERM, lambda: draining or draining.append(loop.create_task(drain_then_stop())))
+    loop.add_signal_handler(signal.SIGINT, stop.set)
     await stop.wait()
     await runner.cleanup()
 

@@ -159,7 +159,7 @@ def test_rows_carry_response_usage_sampling_server_and_explicit_thinking(tmp_pat
 
 
 def test_thinking_mode_on_keeps_reasoning(tmp_path, standin):
-    server = standin()
+    server = standin("--reasoning-parser", "qwen3")  # the role passes one; without it the thinking stays in content
     make_prompts(tmp_path / "prompts.jsonl", 5)
     raw = config(tmp_path, [server.url], thinking=True)
     run_generate(settings_from_config(raw), str(tmp_path / "prompts.jsonl"), str(tmp_path))
@@ -298,8 +298,10 @@ def test_dead_server_in_the_list_does_not_stop_the_run(tmp_path, standin):
 
 
 def test_permanent_errors_and_bad_input_go_to_the_errors_file(tmp_path, standin):
-    server = standin("--context-length", "11")
-    make_prompts(tmp_path / "prompts.jsonl", 14)  # rows with i % 7 >= 3 are longer than the context
+    # SGLang refuses a prompt whose tokens plus max_tokens (48) exceed the context: 11 + 48 fits, so the rows
+    # with i % 7 >= 3 (12 prompt tokens and more) are too long
+    server = standin("--context-length", str(11 + 48))
+    make_prompts(tmp_path / "prompts.jsonl", 14)
     with open(tmp_path / "prompts.jsonl", "a", encoding="utf-8") as fh:
         fh.write("not json\n" + json.dumps({"id": "no-messages", "messages": []}) + "\n")
     result = run_generate(settings_from_config(config(tmp_path, [server.url])), str(tmp_path / "prompts.jsonl"),

@@ -50,9 +50,10 @@ def test_native_generate_models_health_metrics(server):
     assert server.metrics()["sglang:num_requests_total"] >= 1
 
 
-def test_wrong_model_and_too_long_prompts_are_4xx(server):
+def test_wrong_model_is_served_and_too_long_prompts_are_400(server):
+    # SGLang does not check a chat request's model name (serving_base.py); it echoes it back
     wrong_model = {"model": "x", "messages": [{"role": "user", "content": "a"}]}
-    assert http(server.url + "/v1/chat/completions", body=wrong_model, timeout=10).status == 404
+    assert http(server.url + "/v1/chat/completions", body=wrong_model, timeout=10).expect(200).json()["model"] == "x"
     too_long = {"messages": [{"role": "user", "content": "word " * 400}]}
     assert http(server.url + "/v1/chat/completions", body=too_long, timeout=10).status == 400
 
