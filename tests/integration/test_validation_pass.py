@@ -76,6 +76,12 @@ MISTAKES = [
     pytest.param(dict(WITH_DATAGEN, sglang_datagen_gpus=list(range(9))),
                  ["names GPU(s) 8, which this node does not have (nvidia-smi lists 0, 1, 2, 3, 4, 5, 6, 7)"],
                  id="datagen-gpu-the-node-lacks"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_model_path="/srv/models/Qwen3-8B"),
+                 ["sglang_datagen_model_path=/srv/models/Qwen3-8B is not a directory on this node",
+                  "huggingface-cli download"], id="datagen-model-dir-missing"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_install_sglang=True, sglang_datagen_venv="/opt/datagen/venv-new",
+                      sglang_datagen_venv_min_free_gb=100000),
+                 ["GB free; it needs 100000 GB", "sglang_datagen_venv_min_free_gb"], id="datagen-no-room-for-venv"),
     # the stop half
     pytest.param({"stop_training_gpu_count": 4},
                  ["stop_training_gpu_count=4, but the container sees 8 GPU(s) (0, 1, 2, 3, 4, 5, 6, 7)",
@@ -203,3 +209,23 @@ def test_missing_session_with_signal_stops_the_job_with_sigint_without_waiting_o
         assert not trainer_pids(running_trainer)
     finally:
         trainer("graceful")
+
+
+def test_a_serving_port_another_program_holds_is_refused_before_the_training_is_touched(running_trainer):
+    """A program in CT200 already listens on worker 3's port: SGLang worker 3 would crash-loop on "address already
+    in use" after the training was stopped. Named with its holder; the role's own workers on their ports (a
+    re-run) are not a problem, which the lab's other data-half runs show."""
+    before = trainer_pids(running_trainer)
+    ct(running_trainer, "systemd-run", "--unit", "lab-port-squatter", "--", "python3", "-m", "http.server",
+       "--bind", "127.0.0.1", "31003")
+    try:
+        ct(running_trainer, "python3", "-c", "import socket, time\nfor _ in range(100):\n    try:\n"
+           "        socket.create_connection(('127.0.0.1', 31003), 1).close()\n        break\n"
+           "    except OSError:\n        time.sleep(0.2)\nelse:\n    raise SystemExit('nothing listens')")
+        rc, out = play(WITH_DATAGEN)
+    finally:
+        ct(running_trainer, "systemctl", "stop", "lab-port-squatter", check=False)
+    refused_before_anything(running_trainer, before, rc, out)
+    text = flat(out)
+    assert "port 31003 (sglang_datagen_worker_base_port + 3) is in use on 127.0.0.1 by pid" in text, out[-3000:]
+    assert "lab-port-squatter.service" in text and "Fix: stop what holds the port" in text

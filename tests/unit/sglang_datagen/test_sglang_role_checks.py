@@ -17,6 +17,8 @@ from fakegpu_harness import NVIDIA_SMI, FakeGpus
 
 ROOT = Path(__file__).resolve().parents[3]
 BIN = Path(sys.executable).parent
+# a model directory with the files the validation pass looks for (config, tokenizer, weights)
+MODEL = str(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-8B")
 
 
 @pytest.fixture(autouse=True)
@@ -115,7 +117,7 @@ def test_python_older_than_3_11_is_refused_in_the_validation_pass(tmp_path):
     old.chmod(0o755)
     home = tmp_path / "datagen"
     done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_python": str(old), "sglang_datagen_home": str(home),
-                                                "sglang_datagen_model_path": "/models/Qwen3-8B",
+                                                "sglang_datagen_model_path": MODEL,
                                                 "sglang_datagen_config": _pipeline_config(tmp_path)})
     assert done.returncode != 0
     msg = " ".join(fatal_message(done).split())
@@ -127,7 +129,7 @@ def test_python_older_than_3_11_is_refused_in_the_validation_pass(tmp_path):
 
 def test_an_r570_driver_is_refused_naming_what_sglang_needs(tmp_path, gpu_node):
     gpu_node.config(driver_version="570.124.06", cuda_version="12.8")
-    vars_ = {"sglang_datagen_model_path": "/models/Qwen3-8B", "sglang_datagen_config": _pipeline_config(tmp_path)}
+    vars_ = {"sglang_datagen_model_path": MODEL, "sglang_datagen_config": _pipeline_config(tmp_path)}
     done = run_tasks(tmp_path, "validate.yml", vars_)
     assert done.returncode != 0
     msg = " ".join(fatal_message(done).split())
@@ -151,16 +153,32 @@ def _pipeline_config(tmp_path: Path) -> dict:
     (64, {"concurrency": 512}),  # fixed per worker: the router stands for all eight workers
 ])
 def test_concurrency_goes_into_the_pipeline_config(tmp_path, concurrency, generate):
-    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B",
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": MODEL,
                                                 "sglang_datagen_concurrency": concurrency,
                                                 "sglang_datagen_config": _pipeline_config(tmp_path)},
-                     show="sglang_datagen__config.generate")
+                     show="sglang_datagen__config.generate | dict2items | rejectattr('key', 'eq', 'workers') "
+                          "| items2dict")  # the workers: the test below (one line, or it is folded)
     assert done.returncode == 0, done.stdout[-3000:]
-    assert shown(done) == generate
+    # with the switch the Qwen3 family's chat template reads for generate.thinking
+    assert shown(done) == dict(generate, thinking_switch="enable_thinking")
+
+
+@pytest.mark.parametrize("role_vars, workers", [
+    ({}, ["http://127.0.0.1:31000", "http://127.0.0.1:31007"]),  # the first and the eighth (one line, not folded)
+    ({"sglang_datagen_use_router": False}, None),  # `servers` lists the workers themselves: nothing to watch
+])
+def test_behind_the_router_the_pipeline_config_lists_every_worker(tmp_path, role_vars, workers):
+    # generate checks that the router routes to each of them, and registers a ready one it dropped (gen/fleet.py)
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": MODEL, **role_vars,
+                                                "sglang_datagen_config": _pipeline_config(tmp_path)},
+                     show="((sglang_datagen__config.generate.workers | default([]) | batch(7) | map('first') | list)"
+                          " or None)")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert shown(done) == workers
 
 
 def test_a_bad_concurrency_is_refused_with_the_fix(tmp_path):
-    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B",
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": MODEL,
                                                 "sglang_datagen_concurrency": "fast"})
     assert done.returncode != 0
     msg = " ".join(fatal_message(done).split())
@@ -173,7 +191,7 @@ def test_a_bad_concurrency_is_refused_with_the_fix(tmp_path):
     ({"sglang_datagen_worker_base_port": 29990}, "sglang_datagen_worker_base_port=29990-29997"),  # 8 workers
 ])
 def test_a_serving_port_in_sglangs_nccl_range_is_refused(tmp_path, ports, named):
-    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B", **ports,
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": MODEL, **ports,
                                                 "sglang_datagen_config": _pipeline_config(tmp_path)})
     assert done.returncode != 0
     msg = " ".join(fatal_message(done).split())
@@ -183,7 +201,7 @@ def test_a_serving_port_in_sglangs_nccl_range_is_refused(tmp_path, ports, named)
 def test_the_default_ports_and_a_router_less_metrics_port_pass_the_nccl_check(tmp_path):
     config = _pipeline_config(tmp_path)
     for extra in ({}, {"sglang_datagen_use_router": False, "sglang_datagen_router_metrics_port": 29000}):
-        done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B", **extra,
+        done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": MODEL, **extra,
                                                     "sglang_datagen_config": config})
         assert done.returncode == 0, done.stdout[-3000:]
 
@@ -217,9 +235,82 @@ def test_uv_gets_prereleases_and_the_indexes_pip_is_configured_with(tmp_path, mo
 
 
 def test_a_gpu_the_node_does_not_have_is_refused_before_anything(tmp_path):
-    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "/models/Qwen3-8B",
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": MODEL,
                                                 "sglang_datagen_gpus": list(range(10)),
                                                 "sglang_datagen_config": _pipeline_config(tmp_path)})
     assert done.returncode != 0
     msg = " ".join(fatal_message(done).split())
     assert "names GPU(s) 8, 9, which this node does not have (nvidia-smi lists 0, 1, 2, 3, 4, 5, 6, 7)" in msg, msg
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--config", "/etc/sglang.yaml"], "--config"),
+    (["--mem-fraction-static", "0.8", "--api-key=abc"], "--api-key"),
+])
+def test_a_workers_own_key_flag_is_refused_when_the_role_keys_them(tmp_path, extra, named):
+    """Workers other nodes reach take the role's key from their own 0600 SGLang config file: a --config or
+    --api-key of the user's would clash with it or put a key in every process listing."""
+    role_vars = {"sglang_datagen_model_path": MODEL, "sglang_datagen_worker_extra_args": extra,
+                 "sglang_datagen_config": _pipeline_config(tmp_path)}
+    done = run_tasks(tmp_path, "validate.yml", {**role_vars, "sglang_datagen_host": "gpu1.example.internal"})
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert f"sglang_datagen_worker_extra_args has {named}, which the role sets itself" in msg, msg
+    assert "sglang_datagen_api_key" in msg
+    # on loopback the workers take no key: their own flags are theirs
+    ok = run_tasks(tmp_path, "validate.yml", role_vars)
+    assert ok.returncode == 0, ok.stdout[-3000:]
+
+
+@pytest.mark.parametrize("model, generate, says", [
+    # DeepSeek-V3.1's template reads `thinking`: the family's switch goes to the pipeline, which sends it
+    ("deepseek-ai/DeepSeek-V3.1-Terminus", {"thinking": True}, {"thinking": True, "thinking_switch": "thinking"}),
+    # the user's own switch wins over the family's
+    ("deepseek-ai/DeepSeek-V3.1", {"thinking_switch": "enable_thinking"}, {"thinking_switch": "enable_thinking"}),
+    # a family without a switch gets none: generate sends nothing for it
+    ("meta-llama/Llama-3.1-8B-Instruct", {}, {"thinking_switch": "none"}),
+    # an unknown one keeps the pipeline's default (enable_thinking: false, which other templates ignore)
+    ("acme/some-other-model", {}, {}),
+])
+def test_the_familys_thinking_switch_reaches_the_pipeline_config(tmp_path, model, generate, says):
+    config = dict(_pipeline_config(tmp_path), generate=generate)
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": model, "sglang_datagen_config": config},
+                     show="sglang_datagen__config.generate | dict2items | rejectattr('key', 'eq', 'workers') "
+                          "| items2dict")
+    assert done.returncode == 0, done.stdout[-3000:]  # the pipeline's own check-config passed it too
+    got = shown(done)
+    assert {k: got[k] for k in ("thinking", "thinking_switch") if k in got} == says, got
+
+
+def test_thinking_with_an_unknown_template_switch_is_refused_in_the_validation_pass(tmp_path):
+    config = dict(_pipeline_config(tmp_path), generate={"thinking": True})
+    done = run_tasks(tmp_path, "validate.yml", {"sglang_datagen_model_path": "acme/drafter-target",
+                                                "sglang_datagen_config": config})
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert ("sglang_datagen_config.generate.thinking is true, but sglang_datagen_parser_families does not say which "
+            "kwarg switches thinking in the chat template of drafter-target (no entry matches it)") in msg, msg
+    assert "Give the entry for this model thinking:" in msg and "sglang_datagen_config.generate.thinking_switch" in msg
+    # refused by the role, before the pipeline's own check (whose message names no role variable)
+    assert "check-config" not in msg
+
+
+@pytest.mark.parametrize("model, generate, says", [
+    ("Qwen/Qwen3-8B", {"thinking": True}, None),
+    ("acme/my-model", {"thinking": True}, 'its entry "my-model" has no thinking'),  # an entry without a switch
+    ("Qwen/Qwen2.5-7B-Instruct", {"thinking": True}, "the chat template of qwen2.5-7b-instruct has no thinking switch"),
+    ("deepseek-ai/DeepSeek-R1-0528", {}, "the chat template of deepseek-r1-0528 always thinks"),
+    ("deepseek-ai/DeepSeek-R1-0528", {"thinking": True}, None),
+    ("acme/my-model", {"thinking": True, "thinking_switch": "reasoning"}, None),  # the fix without a table entry
+])
+def test_the_thinking_check_follows_the_familys_switch(tmp_path, model, generate, says):
+    role_vars = {"sglang_datagen_model_path": model, "sglang_datagen_config": {"generate": generate}}
+    if "my-model" in model:
+        role_vars["sglang_datagen_parser_families"] = [{"match": "my-model", "reasoning": "", "tool_call": ""}]
+    done = run_tasks(tmp_path, "check_requests.yml", role_vars)
+    if says is None:
+        assert done.returncode == 0, done.stdout[-2000:]
+        return
+    assert done.returncode != 0
+    msg = " ".join(fatal_message(done).split())
+    assert says in msg, msg

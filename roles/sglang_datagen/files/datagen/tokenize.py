@@ -38,6 +38,7 @@ import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from datagen import __version__, paths
+from datagen.gen.settings import DEFAULT_THINKING_SWITCH, chat_template_kwargs
 from datagen.sglang_chat import template_inputs
 from datagen.util import (
     DatagenError,
@@ -82,11 +83,11 @@ def load_tokenizer(name: Optional[str]) -> Any:
 
 
 def template_kwargs(raw: Dict[str, Any]) -> Dict[str, Any]:
-    """The chat template kwargs generate sends: generate.chat_template_kwargs + enable_thinking=generate.thinking."""
+    """The chat template kwargs generate sends (``chat_template_kwargs`` of ``datagen.gen.settings``), read from a
+    validated config that may lack what generate alone needs (``servers``: merge of an existing dataset)."""
     section = raw.get("generate") or {}
-    kwargs = dict(section.get("chat_template_kwargs") or {})
-    kwargs["enable_thinking"] = bool(section.get("thinking", False))
-    return kwargs
+    return chat_template_kwargs(section.get("chat_template_kwargs") or {}, bool(section.get("thinking", False)),
+                                section.get("thinking_switch", DEFAULT_THINKING_SWITCH))
 
 
 def tool_choice(raw: Dict[str, Any]) -> Any:

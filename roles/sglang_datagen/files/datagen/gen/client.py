@@ -30,12 +30,13 @@ import aiohttp
 from ..sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
 from ..util import write_json
 from .concurrency import LimitPolicy, WorkerLoad, all_empty, describe, initial_limit, next_limit, parse_loads
+from .fleet import FleetWatch, fleet_watch, parse_router_workers
 from .journal import AppendLog, DoneIndex
 from .progress import Progress, summary_line
 from .settings import GenerateSettings
 
-# Worth another attempt: timeouts, conflicts, rate limits and every 5xx. Other 4xx
-# (a prompt longer than the context, a bad parameter) fail the row at once.
+# Worth another attempt: timeouts, conflicts, rate limits and every 5xx (an SGLang worker's full queue is a
+# 503). Other 4xx (a prompt plus max_tokens longer than the context, a bad parameter) fail the row at once.
 RETRY_STATUS = frozenset({408, 409, 425, 429})
 # Keys the output row owns; an input row's own copy would make duplicate JSON keys.
 OUTPUT_KEYS = frozenset({"id", "messages", "tools", "finish_reason", "usage", "sampling", "server", "model",
@@ -86,7 +87,10 @@ class RowError(Exception):
 
 def backoff_delay(attempt: int, base: float, cap: float, retry_after: Optional[float] = None,
                   rand: Callable[[], float] = random.random) -> float:
-    """Exponential backoff with full jitter; a server's Retry-After is a floor (never above ``cap``)."""
+    """Exponential backoff with full jitter; a server's Retry-After is a floor (never above ``cap``).
+
+    SGLang 0.5.23 workers send no Retry-After (serving_base.py, http_server.py), so the backoff alone paces the
+    retries against them; the floor is for proxies in front that do send one."""
     ceiling = min(cap, base * (2 ** attempt))
     delay = ceiling * rand()
     if retry_after is not None:
@@ -228,6 +232,7 @@ class Engine:
         self._sync_fut: Optional[asyncio.Future] = None
         self._workers: Set[asyncio.Task] = set()
         self._crash: Optional[BaseException] = None
+        self._fleet: Optional[FleetWatch] = None  # behind a router with generate.workers: gen/fleet.py
         self._policy = LimitPolicy(queue_target=settings.queue_target, minimum=settings.concurrency_min,
                                    maximum=settings.concurrency_max)
 
@@ -390,6 +395,8 @@ class Engine:
             while not self.stopping and srv.tasks <= srv.limit:  # above the limit: retire after the row
                 while out.pending > _MAX_PENDING:  # the disk is slower than the servers: wait for the writer
                     await asyncio.sleep(0.05)
+                if self._fleet is not None:  # generate.fewer_workers: wait holds new rows back here
+                    await self._fleet.admit(self._stop)
                 job = self._next_job()
                 if job is None:
                     return
@@ -475,10 +482,10 @@ class Engine:
         """How many workers a router lists (its GET /workers); 1 for a worker, or when it cannot say."""
         try:
             status, body = await self._get(session, srv.base + "/workers", _LOAD_TIMEOUT_S)
-            listed = _loads(body)["workers"] if status == 200 else []
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
-            listed = []
-        return max(1, len(listed)) if isinstance(listed, list) else 1
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return 1
+        listed = parse_router_workers(body) if status == 200 else None
+        return max(1, len(listed)) if listed is not None else 1
 
     def _note_limit(self, srv: _Server, loads: List[WorkerLoad]) -> None:
         srv.stats["limit"] = srv.limit
@@ -603,6 +610,13 @@ class Engine:
         except OSError as exc:  # progress is advisory: a full disk shows up in the output writes
             self.log(f"generate: cannot write progress: {exc}")
 
+    def _fail(self, message: str) -> None:
+        """Stop the run; it ends failed with ``message`` (the first reason wins)."""
+        if not self.fatal:
+            self.fatal = message
+            self.log(f"generate: {message}")
+        self.request_stop()
+
     def request_stop(self) -> None:
         if not self.stopping:
             self.log("generate: stopping: finishing the requests in flight")
@@ -630,7 +644,10 @@ class Engine:
         self._encode_constants()
         self.progress.state = "running"
         self.write_progress()
+        self._fleet = fleet_watch(s, self.progress, self.log, self._fail)
         pilots = [asyncio.create_task(self._pilot(session, i)) for i in range(len(self._servers))]
+        if self._fleet is not None:  # with the pilots: a crash in it ends the run like theirs, cancelled with them
+            pilots.append(asyncio.create_task(self._fleet.run(session)))
         try:
             while True:
                 if self._crash is not None:

@@ -38,6 +38,11 @@ class Progress:
         self.servers: Dict[str, Dict[str, Any]] = {
             s: {"ready": False, "ok": 0, "errors": 0, "retries": 0, "last_error": None} for s in servers
         }
+        # behind a router with generate.workers: how many of them serve, and why the others do not (gen/fleet.py);
+        # None while nobody watches (no generate.workers) or before the first round
+        self.workers_configured: Optional[int] = None
+        self.workers_serving: Optional[int] = None
+        self.workers_missing: Dict[str, str] = {}
         self._window: Deque[Tuple[float, int, int]] = deque()
 
     @property
@@ -78,6 +83,9 @@ class Progress:
             "eta_s": round(eta, 1) if eta is not None else None,
             "finish_reasons": dict(self.finish_reasons),
             "servers": self.servers,
+            "workers_configured": self.workers_configured,
+            "workers_serving": self.workers_serving,
+            "workers_missing": dict(self.workers_missing),
         }
 
 
@@ -100,9 +108,21 @@ def summary_line(status: Dict[str, Any]) -> str:
         parts.append(f"ETA {h}h{rem // 60:02d}m" if h else f"ETA {rem // 60}m{rem % 60:02d}s")
     if status.get("errors"):
         parts.append(f"{status['errors']} errors")
+    short = fewer_workers(status)
+    if short:
+        parts.append(short)
     if status.get("message"):
         parts.append(f"- {status['message']}")
     return " ".join(parts)
+
+
+def fewer_workers(status: Dict[str, Any]) -> str:
+    """``only 3/8 workers serving (not serving: URL, ...)`` while fewer serve than are configured, else ''."""
+    configured, serving = status.get("workers_configured"), status.get("workers_serving")
+    if configured is None or serving is None or serving >= configured:
+        return ""
+    missing = ", ".join(sorted(status.get("workers_missing") or {}))
+    return f"only {serving}/{configured} workers serving (not serving: {missing})"
 
 
 def read_json(path: str) -> Optional[Dict[str, Any]]:

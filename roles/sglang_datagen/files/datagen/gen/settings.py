@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
@@ -45,7 +46,44 @@ GENERATE_KEYS = {
     "fsync_interval", "progress_interval", "ready_timeout", "ready_interval", "shutdown_grace",
     "thinking", "chat_template_kwargs", "api_key_env", "limit", "extra_body", "tool_choice",
     "max_consecutive_failures", "concurrency_min", "concurrency_max", "queue_target", "load_interval",
+    "workers", "workers_interval", "fewer_workers", "fewer_workers_max_wait", "thinking_switch",
 }
+# generate.fewer_workers: what new requests do while fewer of generate.workers serve than are listed there
+FEWER_WORKERS = ("continue", "wait")
+
+# generate.thinking_switch: how the model's chat template is told whether to think. A kwarg name, or one of
+# these two for templates without a switch. The default is Qwen3's (and GLM-4.5's) kwarg; DeepSeek-V3.x
+# templates read ``thinking`` and ignore ``enable_thinking`` (SGLang's own toggle_param per template:
+# REASONING_MODE_RULES in sglang/srt/parser/template_detection.py).
+DEFAULT_THINKING_SWITCH = "enable_thinking"
+NO_THINKING = "none"  # the template cannot think (Qwen2.5, Llama 3, Mistral)
+ALWAYS_THINKS = "always"  # the template always thinks (DeepSeek-R1)
+_SWITCH_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a kwarg reaches the template as a Jinja variable
+
+
+def chat_template_kwargs(extra: Mapping[str, Any], thinking: bool, switch: str) -> Dict[str, Any]:
+    """The ``chat_template_kwargs`` a request carries: ``extra`` plus ``{switch: thinking}``.
+
+    Explicit whenever the template has a switch, never the template's default (Qwen3 thinks unless told
+    not to); a template without one (``none``/``always``) gets nothing for it. Generate sends these and
+    tokenize renders with them, so both take them from here.
+    """
+    kwargs = dict(extra)
+    if switch not in (NO_THINKING, ALWAYS_THINKS):
+        kwargs[switch] = thinking
+    return kwargs
+
+
+def thinking_problem(thinking: bool, switch: str) -> Optional[str]:
+    """Why the template cannot do what ``generate.thinking`` asks (None: it can)."""
+    if thinking and switch == NO_THINKING:
+        return ("is true, but generate.thinking_switch is none (the model's chat template has no thinking switch, "
+                "so it would not think); set generate.thinking_switch to the template's kwarg (enable_thinking for "
+                "Qwen3, thinking for DeepSeek-V3.1) or generate.thinking: false")
+    if not thinking and switch == ALWAYS_THINKS:
+        return ("is false, but generate.thinking_switch is always (the model's chat template always thinks, "
+                "so every answer would carry its thinking); set generate.thinking: true")
+    return None
 
 
 @dataclass(frozen=True)
@@ -56,6 +94,7 @@ class GenerateSettings:
     model: Optional[str]  # None: take the first model the servers list under /v1/models
     sampling: Dict[str, Any] = field(default_factory=lambda: {"max_tokens": 2048})
     thinking: bool = False
+    thinking_switch: str = DEFAULT_THINKING_SWITCH
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
     extra_body: Dict[str, Any] = field(default_factory=dict)
     tool_choice: str = "auto"
@@ -80,16 +119,20 @@ class GenerateSettings:
     # rows failing in a row (after their retries) before the run stops: a dead fleet must not
     # turn every prompt into an error line
     max_consecutive_failures: int = 200
+    # the workers behind the router (``servers`` is then the router alone): every ``workers_interval`` the run
+    # checks that the router routes to each of them and registers a ready one again (gen/fleet.py)
+    workers: Tuple[str, ...] = ()
+    workers_interval: float = 15.0
+    fewer_workers: str = "continue"  # or "wait": hold new requests back until every worker serves again
+    fewer_workers_max_wait: float = 1800.0  # wait: then the run fails, naming the workers
 
     @property
     def adaptive(self) -> bool:
         return self.concurrency is None
 
     def template_kwargs(self) -> Dict[str, Any]:
-        """``chat_template_kwargs`` as sent: thinking is always explicit, never the template's default."""
-        kwargs = dict(self.chat_template_kwargs)
-        kwargs["enable_thinking"] = self.thinking
-        return kwargs
+        """``chat_template_kwargs`` as sent (:func:`chat_template_kwargs`)."""
+        return chat_template_kwargs(self.chat_template_kwargs, self.thinking, self.thinking_switch)
 
     def api_key(self) -> Optional[str]:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -130,29 +173,29 @@ def _concurrency(section: Mapping[str, Any]) -> Optional[int]:
     return value
 
 
-def parse_servers(raw: Any) -> Tuple[str, ...]:
+def parse_servers(raw: Any, key: str = "servers") -> Tuple[str, ...]:
     """Base URLs (``http://host:port``), trailing slashes and a trailing ``/v1`` removed."""
     if isinstance(raw, str):
         raw = [raw]
     if not isinstance(raw, list) or not raw:
-        raise _fail("servers", f"expected a non-empty list of base URLs, got {raw!r}",
+        raise _fail(key, f"expected a non-empty list of base URLs, got {raw!r}",
                     "list the router or each worker, e.g. [http://127.0.0.1:30000]")
     out: List[str] = []
     for i, url in enumerate(raw):
         if not isinstance(url, str):
-            raise _fail(f"servers[{i}]", f"expected a URL string, got {url!r}", "write e.g. http://127.0.0.1:30000")
+            raise _fail(f"{key}[{i}]", f"expected a URL string, got {url!r}", "write e.g. http://127.0.0.1:30000")
         parts = urlsplit(url.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise _fail(f"servers[{i}]", f"{url!r} is not an http(s) base URL", "write e.g. http://127.0.0.1:30000")
+            raise _fail(f"{key}[{i}]", f"{url!r} is not an http(s) base URL", "write e.g. http://127.0.0.1:30000")
         try:
             parts.port  # noqa: B018 - raises on a malformed port
         except ValueError as exc:
-            raise _fail(f"servers[{i}]", f"{url!r} has a bad port ({exc})", "write e.g. http://127.0.0.1:30000") from exc
+            raise _fail(f"{key}[{i}]", f"{url!r} has a bad port ({exc})", "write e.g. http://127.0.0.1:30000") from exc
         base = url.strip().rstrip("/")
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
         if base in out:
-            raise _fail(f"servers[{i}]", f"{url!r} is listed twice", "list each server once")
+            raise _fail(f"{key}[{i}]", f"{url!r} is listed twice", "list each server once")
         out.append(base)
     return tuple(out)
 
@@ -215,6 +258,26 @@ def _mapping(section: Mapping[str, Any], name: str) -> Dict[str, Any]:
     return dict(value)
 
 
+def _router_workers(section: Mapping[str, Any], servers: Tuple[str, ...]) -> Tuple[str, ...]:
+    """``generate.workers``: the workers behind the one router in ``servers``; () when not set."""
+    if not section.get("workers"):
+        return ()
+    workers = parse_servers(section["workers"], "generate.workers")
+    if len(servers) != 1 or servers[0] in workers:
+        raise _fail("generate.workers", f"lists the workers behind one router, but servers is {list(servers)}",
+                    "set servers to the router alone, or remove generate.workers when servers lists the workers")
+    return workers
+
+
+def _fewer_workers(section: Mapping[str, Any]) -> str:
+    value = section.get("fewer_workers", "continue")
+    if value not in FEWER_WORKERS:
+        raise _fail("generate.fewer_workers", f"{value!r} is not continue or wait",
+                    "write continue (go on with the workers that serve) or wait (send no new request until every "
+                    "worker serves again, at most generate.fewer_workers_max_wait seconds)")
+    return str(value)
+
+
 def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
     """Validate the parts of the datagen config that generate reads."""
     if not isinstance(raw, Mapping):
@@ -230,11 +293,21 @@ def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
     thinking = section.get("thinking", False)
     if not isinstance(thinking, bool):
         raise _fail("generate.thinking", f"expected true or false, got {thinking!r}",
-                    "say whether the chat template should think (enable_thinking)")
+                    "say whether the chat template should think (sent as generate.thinking_switch)")
+    switch = section.get("thinking_switch", DEFAULT_THINKING_SWITCH)
+    if not isinstance(switch, str) or not _SWITCH_NAME.match(switch):
+        raise _fail("generate.thinking_switch", f"expected the chat template's thinking kwarg, got {switch!r}",
+                    f"write e.g. enable_thinking (Qwen3) or thinking (DeepSeek-V3.1), {NO_THINKING} for a template "
+                    f"without a switch, {ALWAYS_THINKS} for one that always thinks")
+    problem = thinking_problem(thinking, switch)
+    if problem:
+        raise ConfigError(f"generate.thinking: {problem}")
     kwargs = _mapping(section, "chat_template_kwargs")
-    if "enable_thinking" in kwargs:
-        raise _fail("generate.chat_template_kwargs.enable_thinking", "set through generate.thinking",
-                    "move it to generate.thinking")
+    # a switch set here would fight generate.thinking (or, for the other family's name, be silently ignored)
+    switches = sorted(set(kwargs) & ({DEFAULT_THINKING_SWITCH, "thinking", switch} - {NO_THINKING, ALWAYS_THINKS}))
+    if switches:
+        raise _fail(f"generate.chat_template_kwargs.{switches[0]}", "a thinking switch is set through generate.thinking",
+                    f"move it to generate.thinking (sent as {switch}, generate.thinking_switch)")
     extra_body = _mapping(section, "extra_body")
     clash = sorted(set(extra_body) & ({"model", "messages", "tools", "chat_template_kwargs", "stream"} | set(SAMPLING_KEYS)))
     if clash:
@@ -255,11 +328,13 @@ def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
     backoff_max = _number(section, "backoff_max", 30.0, 0.0)
     if backoff_max < backoff_base:
         raise _fail("generate.backoff_max", f"{backoff_max} is below backoff_base {backoff_base}", "raise it")
+    servers = parse_servers(raw["servers"])
     return GenerateSettings(
-        servers=parse_servers(raw["servers"]),
+        servers=servers,
         model=parse_model(raw.get("model")),
         sampling=parse_sampling(raw.get("sampling")),
         thinking=thinking,
+        thinking_switch=switch,
         chat_template_kwargs=kwargs,
         extra_body=extra_body,
         tool_choice=tool_choice,
@@ -281,4 +356,8 @@ def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
         api_key_env=api_key_env,
         limit=_integer(section, "limit", None, 0),
         max_consecutive_failures=int(_integer(section, "max_consecutive_failures", 200, 1) or 200),
+        workers=_router_workers(section, servers),
+        workers_interval=_number(section, "workers_interval", 15.0, 0.05),
+        fewer_workers=_fewer_workers(section),
+        fewer_workers_max_wait=_number(section, "fewer_workers_max_wait", 1800.0, 0.0),
     )
