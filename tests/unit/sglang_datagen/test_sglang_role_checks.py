@@ -314,3 +314,49 @@ def test_the_thinking_check_follows_the_familys_switch(tmp_path, model, generate
     assert done.returncode != 0
     msg = " ".join(fatal_message(done).split())
     assert says in msg, msg
+
+
+def _with_existing(tmp_path: Path, mix: dict, rows: list, extra_files: bool) -> dict:
+    """The pipeline config with an existing set (ROWS, JSON Lines): on "the node" (localhost) or, with EXTRA_FILES,
+    brought by sglang_datagen_extra_files from "the controller" (both localhost here, different paths)."""
+    config = _pipeline_config(tmp_path)
+    existing = tmp_path / ("controller-existing.jsonl" if extra_files else "existing.jsonl")
+    existing.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config.update(target_mix=mix, existing_dataset={"path": str(tmp_path / "existing.jsonl")})
+    role_vars = {"sglang_datagen_model_path": MODEL, "sglang_datagen_config": config}
+    if extra_files:
+        role_vars["sglang_datagen_extra_files"] = [{"src": str(existing), "dest": str(tmp_path / "existing.jsonl")}]
+    return role_vars
+
+
+EXISTING = [{"category": "coding", "messages": []}] * 3 + [{"category": "general", "messages": []}]
+
+
+@pytest.mark.parametrize("extra_files", [False, True], ids=["on-the-node", "brought-by-extra-files"])
+def test_a_target_mix_category_nothing_supplies_is_refused_naming_the_closest(tmp_path, extra_files):
+    """"codng" is a typo of the existing set's "coding": it would be planned for and get 0 rows, and coding would
+    have no target. Refused in the validation pass, naming the category the existing set has."""
+    done = run_tasks(tmp_path, "validate.yml", _with_existing(tmp_path, {"codng": 0.4, "general": 0.6}, EXISTING,
+                                                               extra_files))
+    assert done.returncode != 0, done.stdout[-3000:]
+    msg = " ".join(fatal_message(done).split())
+    assert "sglang_datagen_config.target_mix asks for what the run cannot supply" in msg, msg
+    assert ("target_mix.codng: no source supplies it and the existing set does not have it (categories there "
+            "are: coding, general) (did you mean coding?)") in msg, msg
+
+
+def test_an_existing_category_target_mix_leaves_out_is_a_warning(tmp_path):
+    """Rows of a category the mix does not name pass through the merge untouched: allowed, and said."""
+    done = run_tasks(tmp_path, "validate.yml", _with_existing(tmp_path, {"general": 1.0}, EXISTING, False))
+    assert done.returncode == 0, done.stdout[-3000:]
+    out = " ".join(done.stdout.split())
+    assert "WARNING: sglang_datagen_config:" in out
+    assert "target_mix leaves out coding, a category of the existing set: its rows pass through the merge" in out, \
+        out[-2000:]
+
+
+def test_unlabelled_existing_rows_supply_the_guessed_categories(tmp_path):
+    """Rows without a label get the pipeline's keyword guess (coding, math or general): a mix of those passes."""
+    rows = [{"messages": [{"role": "user", "content": "solve the equation"}]}]
+    done = run_tasks(tmp_path, "validate.yml", _with_existing(tmp_path, {"math": 0.5, "general": 0.5}, rows, False))
+    assert done.returncode == 0, done.stdout[-3000:]

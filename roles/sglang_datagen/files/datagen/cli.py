@@ -26,7 +26,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 from datagen import __version__, paths, space, unapplied, units
 from datagen.config import ConfigError, declared_inputs, load_config, load_raw
-from datagen.util import DatagenError, write_json
+from datagen.existing import categories_from_labels
+from datagen.mix import mix_findings, source_categories
+from datagen.util import DatagenError, read_json, write_json
 
 STAGES = ("prepare", "generate", "tokenize", "merge", "report", "status")
 PIPELINE = ("prepare", "generate", "tokenize", "merge", "report")
@@ -62,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="do not open the input files (they live on another machine): list them in 'inputs'")
     check.add_argument("--base-dir", help="resolve relative input paths against this directory "
                                           "(where the config will live) instead of the config file's")
+    mix_cmd = sub.add_parser("check-mix", help="whether target_mix asks only for categories the sources or the "
+                                                "existing set supply: {warnings: [...]}; errors exit 2")
+    mix_cmd.add_argument("--config", "-c", required=True, help="path to datagen.yml")
+    mix_cmd.add_argument("--existing-labels", help="the existing set's labels as read where it lives: JSON "
+                                                   "{read, values, unlabelled} (the role's files/existing_labels.py)")
     unapplied_cmd = sub.add_parser("unapplied-units",
                                    help="serving units whose changed files were never applied: "
                                         "{reload: systemd holds a stale definition, restart: [units], "
@@ -183,11 +190,34 @@ def run(stage: str, config_path: str, force: bool = False) -> Dict[str, Any]:
     raise DatagenError(f"unknown stage {stage}")
 
 
+def check_mix(config_path: str, labels_path: Optional[str]) -> Dict[str, Any]:
+    """``datagen.mix`` on a config whose existing set lives elsewhere: its labels come from LABELS_PATH (not read,
+    or no file: only what the sources supply is known)."""
+    cfg = load_config(config_path, check_inputs=False)
+    labels = read_json(labels_path) if labels_path else None
+    if cfg.existing is None:
+        existing: Optional[set] = set()
+    elif isinstance(labels, dict) and labels.get("read"):
+        existing = categories_from_labels(cfg.existing, labels.get("values") or [], bool(labels.get("unlabelled")))
+    else:
+        existing = None
+    errors, warnings = mix_findings(cfg.target_mix, source_categories(cfg.sources), existing)
+    if errors:
+        raise ConfigError(errors)
+    if existing is None:
+        why = labels.get("reason") if isinstance(labels, dict) else "no labels were given"
+        warnings.append(f"target_mix: not checked against the existing set, which could not be read ({why}); "
+                        f"prepare checks it when it reads the set")
+    return {"warnings": warnings, "existing_categories": sorted(existing) if existing is not None else None}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.stage == "check-config":
             result = check_config(args.config, not args.no_inputs, args.base_dir)
+        elif args.stage == "check-mix":
+            result = check_mix(args.config, args.existing_labels)
         elif args.stage == "unapplied-units":
             result = unapplied.find_unapplied(unapplied.watched_files(
                 args.home, args.workers, args.router, args.api_key_file, args.unit_dir))

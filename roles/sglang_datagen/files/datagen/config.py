@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import yaml
 
+from datagen.util import did_you_mean
+
 DATA_EXTENSIONS = (".jsonl", ".json", ".parquet")
 
 
@@ -116,7 +118,8 @@ class _Checker:
             return {}
         if known is not None:
             for k in sorted(set(value) - known, key=str):
-                self.err(f"{key}.{k}" if key else str(k), f"unknown key (known: {', '.join(sorted(known))})")
+                self.err(f"{key}.{k}" if key else str(k),
+                         f"unknown key{did_you_mean(k, known)} (known: {', '.join(sorted(known))})")
         return value
 
     def int_(self, key: str, value: Any, default: Optional[int], minimum: int = 0) -> Optional[int]:
@@ -232,14 +235,16 @@ def _check_sources(c: _Checker, value: Any, mix: Dict[str, float]) -> List[Sourc
                 c.err(f"{key}.hub.revision", f"must be a string, got {hub['revision']!r} (quote the sha in YAML)")
         category = c.str_(f"{key}.category", raw.get("category"))
         if category is not None and mix and category not in mix:
-            c.err(f"{key}.category", f"{category!r} is not in target_mix ({', '.join(sorted(mix))})")
+            c.err(f"{key}.category", f"{category!r} is not in target_mix{did_you_mean(category, mix)} "
+                                     f"({', '.join(sorted(mix))})")
         if adapter and category is None and ADAPTERS[adapter].needs_category:
             c.err(f"{key}.category", f"is required for adapter {adapter} (one of {', '.join(sorted(mix))})")
         elif adapter and category is None and mix:
             fixed = ADAPTERS[adapter].default_category
             if fixed is not None and fixed not in mix:
                 c.err(f"{key}.category", f"adapter {adapter} files rows under {fixed!r}, which is not in "
-                      f"target_mix ({', '.join(sorted(mix))}); set category or add it to target_mix")
+                      f"target_mix{did_you_mean(fixed, mix)} ({', '.join(sorted(mix))}); set category or add it "
+                      f"to target_mix")
         weight = raw.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
             c.err(f"{key}.weight", f"must be a number > 0, got {weight!r}")

@@ -10,7 +10,7 @@ Accepted rows (JSONL or Parquet): ``messages`` [{role, content}] or ``conversati
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, Optional, Set, Tuple
 
 from datagen.sources import Unusable, _turns_from_messages, _turns_from_sharegpt, iter_file
 from datagen.util import DatagenError
@@ -21,6 +21,9 @@ _CODE = re.compile(
     re.S,
 )
 _MATH = re.compile(r"\\frac|\\sqrt|\$[^$]+\$|\\boxed|\b(solve|equation|integral|derivative|probability)\b", re.I)
+
+
+GUESSED_CATEGORIES = ("coding", "math", "general")  # what guess_category gives
 
 
 def guess_category(text: str) -> str:
@@ -62,15 +65,31 @@ def iter_existing(spec: Any) -> Iterator[Tuple[Dict[str, Any], str, Optional[lis
             raise DatagenError(f"existing_dataset.path: cannot read {path}: {exc.strerror}") from None
 
 
-def _category(row: Dict[str, Any], spec: Any, msgs: Optional[list]) -> str:
-    value = row.get(spec.category_field) if spec.category_field else None
+def labelled_category(value: Any, spec: Any) -> Optional[str]:
+    """The category a row's ``category_field`` VALUE names (through ``category_map``); None when it names none."""
     if isinstance(value, str) and value:
         return spec.category_map.get(value, value)
+    return None
+
+
+def _category(row: Dict[str, Any], spec: Any, msgs: Optional[list]) -> str:
+    labelled = labelled_category(row.get(spec.category_field) if spec.category_field else None, spec)
+    if labelled is not None:
+        return labelled
     if spec.default_category:
         return spec.default_category
     if msgs:
         return guess_category("\n".join(m["content"] for m in msgs[:4]))
     return "general"
+
+
+def categories_from_labels(spec: Any, values: Iterable[Any], unlabelled: bool) -> Set[str]:
+    """The categories an existing set has, from the distinct VALUES of its ``category_field`` (read elsewhere, e.g.
+    on the node) and whether some rows have none (UNLABELLED): those get ``default_category`` or a guess."""
+    found = {category for category in (labelled_category(value, spec) for value in values) if category is not None}
+    if unlabelled:
+        found |= {spec.default_category} if spec.default_category else set(GUESSED_CATEGORIES)
+    return found
 
 
 def measure(spec: Any) -> Dict[str, int]:

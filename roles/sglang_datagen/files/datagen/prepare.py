@@ -11,12 +11,15 @@ Memory is bounded by the dedup index, not by the size of the inputs.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from array import array
 from typing import Any, Dict, List, Tuple
 
 from datagen import __version__, paths, quota
+from datagen.config import ConfigError
 from datagen.existing import iter_existing
+from datagen.mix import mix_findings, source_categories
 from datagen.sources import Unusable, adapt, iter_source, to_prompt
 from datagen.util import (
     AtomicWriter,
@@ -78,6 +81,15 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
                     existing_no_text += 1
             else:
                 existing_no_text += 1
+
+    # a target_mix category nothing supplies (a typo) would be planned for and get 0 rows: refused here too,
+    # for a run that did not pass the role's check (datagen.mix)
+    mix_errors, mix_warnings = mix_findings(cfg.target_mix, source_categories(cfg.sources),
+                                            set(existing_counts) if cfg.existing else set())
+    if mix_errors:
+        raise ConfigError(mix_errors)
+    for warning in mix_warnings:
+        print(f"datagen prepare: {warning}", file=sys.stderr, flush=True)
 
     seen: set = set()
     ranks: Dict[Tuple[str, str], array] = {}

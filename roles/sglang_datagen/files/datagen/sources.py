@@ -143,6 +143,9 @@ _CODE_WORDS = ("programming", "software development", "coding", "code generation
 _MATH_WORDS = ("mathemat", "arithmetic", "calculation", "algebra", "geometry")
 
 
+INFINITY_CATEGORIES = ("coding", "math", "general")  # what infinity_category gives
+
+
 def infinity_category(label: Any) -> str:
     """coding / math / general from Infinity-Instruct's ability labels (first match wins, code before math)."""
     if not isinstance(label, dict):
@@ -290,12 +293,14 @@ class Adapter:
     default_category: Optional[str]  # None: decided per row (or by the config's category)
     hub_repo: str = ""
     needs_category: bool = False  # generic adapters: the config must say what the rows are
+    row_categories: Tuple[str, ...] = ()  # what a per-row decision can give (without a config category)
 
 
 ADAPTERS: Dict[str, Adapter] = {
     a.name: a
     for a in (
-        Adapter("infinity_instruct", _infinity, None, "BAAI/Infinity-Instruct (config 0625)"),
+        Adapter("infinity_instruct", _infinity, None, "BAAI/Infinity-Instruct (config 0625)",
+                row_categories=INFINITY_CATEGORIES),
         Adapter("webinstruct", _single("question", "science"), "science", "TIGER-Lab/WebInstructSub"),
         Adapter("codefeedback", _single("query", "coding"), "coding", "m-a-p/CodeFeedback-Filtered-Instruction"),
         Adapter("metamath", _single("query", "math"), "math", "meta-math/MetaMathQA"),

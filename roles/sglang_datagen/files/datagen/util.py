@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import glob
 import hashlib
 import json
@@ -20,6 +21,13 @@ class DatagenError(RuntimeError):
 
 
 # ---------------------------------------------------------------- hashing
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean X?)`` when a known name is close enough to NAME to be its typo (difflib, cutoff 0.6, as the
+    collection's unknown_variables filter), else ''."""
+    close = difflib.get_close_matches(str(name), sorted(str(k) for k in known), n=1, cutoff=0.6)
+    return " (did you mean %s?)" % close[0] if close else ""
+
 
 def blake(data: str, size: int = 8) -> bytes:
     return hashlib.blake2b(data.encode("utf-8", "surrogatepass"), digest_size=size).digest()
