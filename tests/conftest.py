@@ -11,7 +11,7 @@ from typing import Dict, List
 
 import pytest
 
-from tests.support.lab import require_lab
+from tests.support.lab import require_lab, restore_trainer
 from tests.support.paths import LAB_DIR, LANE
 
 # Seconds each lab test file took in a measured run (tests/lab/README.md "Lanes"): the lab stream hands out the
@@ -28,6 +28,14 @@ def lab() -> dict:
     ``skip_reason``). A module that must restore something afterwards overrides it:
     ``def lab(lab): yield lab; restore_trainer()``."""
     return require_lab()
+
+
+@pytest.fixture(scope="module")
+def trainer_back_afterwards(lab):
+    """The lab trainer running again after the module: its data half ran alone, on GPUs freed first
+    (tests/support/datagen.py ``free_gpus``)."""
+    yield lab
+    restore_trainer()
 
 
 def file_seconds(path: Path = FILE_SECONDS) -> Dict[str, float]:

@@ -23,6 +23,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     container_vmid_from_cgroup,
     fd_links,
     list_pids,
+    parse_systemd_unit,
     read_process,
 )
 
@@ -113,7 +114,7 @@ def scan_holders(patterns: t.Sequence[str] = DEFAULT_DEVICE_PATHS, proc_root: st
         for gpu in gpus:
             holders.append(Holder(pid=pid, name=info.comm, cmdline=info.command, gpu=gpu,
                                   device=devices.get(gpu, devices.get(None, "")), container=vmid,
-                                  container_pid=inner))
+                                  container_pid=inner, unit=parse_systemd_unit(info.cgroup)))
     return holders
 
 
@@ -145,7 +146,7 @@ def merge_backend_processes(holders: list[Holder], sample: t.Optional[Sample], g
             continue
         vmid, inner = _container_of(info)
         new = Holder(pid=proc.pid, name=info.comm, cmdline=info.command, gpu=index, device="", used_mib=proc.used_mib,
-                     gpu_uuid=proc.gpu_uuid, container=vmid, container_pid=inner)
+                     gpu_uuid=proc.gpu_uuid, container=vmid, container_pid=inner, unit=parse_systemd_unit(info.cgroup))
         holders.append(new)
         by_key[(proc.pid, index)] = new
     for h in holders:

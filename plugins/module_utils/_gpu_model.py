@@ -86,6 +86,7 @@ class Holder:
     used_mib: t.Optional[int] = None  # where the backend reports it for this PID
     gpu_uuid: t.Optional[str] = None
     ignored: str = ""  # why it does not count, '' when it does
+    unit: str = ""  # its systemd service or scope ('' for none), from its cgroup
 
     def as_dict(self) -> dict:
         return asdict(self)

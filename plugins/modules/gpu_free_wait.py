@@ -241,6 +241,11 @@ holders:
       description: Why it does not count (only in RV(ignored_holders)).
       type: str
       returned: success
+    unit:
+      description: The systemd service or scope it runs in, from its cgroup; empty when none.
+      type: str
+      returned: success
+      sample: sglang-datagen-worker@0.service
 holders_before:
   description: Like RV(holders), scanned before the first sample.
   returned: success

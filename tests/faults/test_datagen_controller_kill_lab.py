@@ -50,6 +50,7 @@ from tests.support.datagen import (
     INSTALL_TASK,
     LAB_VARS_FILE,
     WORK,
+    free_gpus,
     lab_worker_args,
     play,
     play_result,
@@ -61,7 +62,7 @@ from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import BANNER, banners_until, changed_tasks, kill_playbook, start_playbook
 from tests.support.ssh import attach
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(1500)]
 
 # "A-B": only the points A..B of the every-k loop (a by-hand run under the lab lock, in parts)
 LOOP_POINTS = os.environ.get("GPUOPS_FAULTS_DATA_POINTS", "")
@@ -168,6 +169,7 @@ def serving_problems(lab: dict, latency: str) -> list:
 def kill_when(args: tuple, done, delay: float = 0.0) -> List[str]:
     """Start the converge play with ARGS and kill it whole DELAY s after DONE(banners so far) holds; the
     banners. AssertionError when the play ended first or went on past the kill."""
+    free_gpus()
     proc = start_playbook(CONVERGE, LAB_INVENTORY, args=args)
     try:
         seen = banners_until(proc, done)

@@ -35,7 +35,7 @@ from tests.support.lab import MAIN_CT, lab_cli
 from tests.support.ssh import attach, on_host
 from tests.support.wait import wait_for
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(900)]
 
 ROWS = 100  # the lab inventory's datagen config (tests/lab/datagen, target_total)
 RESUME_DELAY = 5  # sglang_datagen_resume_after_boot_delay for these runs

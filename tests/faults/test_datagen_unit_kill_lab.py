@@ -28,7 +28,7 @@ from tests.support import datagen_stages as stages
 from tests.support.datagen import WORK, lab_worker_args, play, reset_pipeline, wait_pipeline_finished
 from tests.support.ssh import attach
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(900)]
 
 ROWS = 100  # the lab inventory's datagen config (target_total)
 UNIT = "datagen-pipeline.service"

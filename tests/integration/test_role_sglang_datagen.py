@@ -51,7 +51,7 @@ from tests.support.ssh import attach as in_ct
 START_WORKERS = "Start the workers (restart those whose unit or GPUs changed, also in a killed run)"
 START_ROUTER = "Start the router (restart it when its unit changed, also in a killed run)"
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(900)]
 
 
 def requests_since(before, after, url):

@@ -35,7 +35,7 @@ from tests.support.playbook import run_playbook, task_results
 from tests.support.ssh import attach, on_host
 from tests.support.stop_training import FAST, REPURPOSE_PLAYBOOK, STUBBORN
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(900)]
 
 HOST_ROOT = 100000  # the container's root on the host (pve-container's default lxc.idmap)
 WWW_DATA = 33  # Debian's www-data, in the container

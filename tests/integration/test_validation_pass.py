@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.support.ct200 import lock_holder, trainer_pids
-from tests.support.datagen import CONVERGE, LAB_VARS_FILE
+from tests.support.datagen import CONVERGE, INSTALL_TASK, LAB_VARS_FILE, free_gpus
 from tests.support.lab import MAIN_CT, NOSUDO_USER, trainer
 from tests.support.paths import FAKEGPU_DIR, LAB_INVENTORY
 from tests.support.playbook import run_playbook
@@ -76,6 +76,39 @@ MISTAKES = [
     pytest.param(dict(WITH_DATAGEN, sglang_datagen_gpus=list(range(9))),
                  ["names GPU(s) 8, which this node does not have (nvidia-smi lists 0, 1, 2, 3, 4, 5, 6, 7)"],
                  id="datagen-gpu-the-node-lacks"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(target_mix={"codng": 0.3, "general": 0.7})),
+                 ["target_mix.codng: no source supplies it and the existing set does not have it",
+                  "(did you mean coding?)"], id="datagen-target-mix-typo"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=dict(lab_config(), target_mixx={"coding": 1.0})),
+                 ["sglang_datagen_config.target_mixx: unknown key (did you mean target_mix?)"],
+                 id="datagen-config-key-typo"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(sampling={"max_tokens": 64, "seed": 7})),
+                 ["sampling.seed is set, but SGLang 0.5.23 ignores", "--enable-deterministic-inference"],
+                 id="datagen-seed-ignored"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(generate={"extra_body": {"rid": "x"}})),
+                 ["generate.extra_body has rid: sglang-router 0.3.2 drops"], id="datagen-extra-body-dropped"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_config=lab_config(generate={"thinking": True})),
+                 ["sglang_datagen_config.generate.thinking is true, but sglang_datagen_parser_families does not say"],
+                 id="datagen-thinking-unknown-family"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_tp_size=3),
+                 ["sglang_datagen: bad serving layout", "a multiple of sglang_datagen_tp_size=3"],
+                 id="datagen-tp-size-not-dividing"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_gpus=[0, 1, 1, 2]),
+                 ["sglang_datagen: bad serving layout", "no duplicates"], id="datagen-gpu-twice"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_router_port=31002),
+                 ["sglang_datagen: bad serving layout", "not one of the worker ports"], id="datagen-router-on-a-worker-port"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_ready_delay=0),
+                 ["sglang_datagen: bad serving layout", "ready_delay >= 1"], id="datagen-ready-delay-zero"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_router_metrics_port=29000),
+                 ["sglang_datagen_router_metrics_port=29000: in 22000-29999", "from 30000 to 32767"],
+                 id="datagen-port-in-nccl-range"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_stages=["prepare", "generat"]),
+                 ["sglang_datagen_stages=", "use stages from prepare, generate, tokenize, merge, report"],
+                 id="datagen-stage-typo"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_concurrency="fast"),
+                 ['sglang_datagen_concurrency="fast": set auto'], id="datagen-concurrency-word"),
+    pytest.param(dict(WITH_DATAGEN, sglang_datagen_extra_files=[{"dest": "/srv/datagen/x.jsonl"}]),
+                 ["sglang_datagen_extra_files: every item needs src"], id="datagen-extra-file-without-src"),
     pytest.param(dict(WITH_DATAGEN, sglang_datagen_model_path="/srv/models/Qwen3-8B"),
                  ["sglang_datagen_model_path=/srv/models/Qwen3-8B is not a directory on this node",
                   "huggingface-cli download"], id="datagen-model-dir-missing"),
@@ -88,6 +121,10 @@ MISTAKES = [
                   "nothing was signalled"], id="gpu-count-the-node-lacks"),
     pytest.param({"stop_training_gpus": ["3", "9"]},
                  ["stop_training_gpus names 9, which the container does not have"], id="gpu-index-the-node-lacks"),
+    pytest.param({"stop_training_ladder": []}, ["stop_training_ladder must have at least one rung"],
+                 id="empty-ladder"),
+    pytest.param({"stop_training_gpu_timeout": -5}, ["stop_training_gpu_timeout must be >= 0 (seconds)"],
+                 id="negative-gpu-timeout"),
     pytest.param({"stop_training_kill_timeout": "sixty"},
                  ['stop_training_kill_timeout="sixty" is not a number', "set stop_training_kill_timeout to a number"],
                  id="type-error-one-line"),
@@ -184,6 +221,7 @@ def test_a_pipeline_that_fails_after_launch_fails_the_play_with_its_journal(runn
     bad = lab_config(sources=[{"name": "lab", "adapter": "messages", "category": "general",
                                "path": "/srv/datagen/sources/*.parquet"}])
     extra = {"sglang_datagen_config": bad, "sglang_datagen_pipeline_ready_timeout": 120}
+    free_gpus()  # the data half alone serves only on free GPUs; the trainer is back for the tests after it
     try:
         done = run_playbook(CONVERGE, LAB_INVENTORY, [extra], timeout=800)
         out = flat(done.output)
@@ -195,6 +233,7 @@ def test_a_pipeline_that_fails_after_launch_fails_the_play_with_its_journal(runn
     finally:
         ct(running_trainer, "systemctl", "stop", "datagen-pipeline.service", check=False)
         ct(running_trainer, "systemctl", "reset-failed", "datagen-pipeline.service", check=False)
+        trainer("graceful")
 
 
 def test_missing_session_with_signal_stops_the_job_with_sigint_without_waiting_on_tmux(running_trainer):
@@ -229,3 +268,21 @@ def test_a_serving_port_another_program_holds_is_refused_before_the_training_is_
     text = flat(out)
     assert "port 31003 (sglang_datagen_worker_base_port + 3) is in use on 127.0.0.1 by pid" in text, out[-3000:]
     assert "lab-port-squatter.service" in text and "Fix: stop what holds the port" in text
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check_mode"])
+def test_the_data_half_alone_refuses_gpus_the_training_holds(running_trainer, check):
+    """``--tags sglang_datagen`` while the training still runs: the workers would start beside it (and the play
+    reported success). Refused naming the holders, before anything is installed; a dry run says it would be."""
+    before = trainer_pids(running_trainer)
+    rc, out = play(WITH_DATAGEN, "--tags", "sglang_datagen", *(["--check"] if check else []))
+    text = flat(out)
+    assert "sglang_datagen_gpus=[0, 1, 2, 3, 4, 5, 6, 7] are in use (GPU 0, 1, 2, 3, 4, 5, 6, 7, held by pid" in text, \
+        out[-3000:]
+    assert "fake_trainer" in text and "Stop that job first" in text
+    assert trainer_pids(running_trainer) == before
+    if check:
+        assert "Dry run: sglang_datagen_gpus=" in text
+    else:
+        assert rc != 0 and "Nothing was installed or started." in text
+        assert "Create the venv" not in out and INSTALL_TASK not in out and "Write the systemd units" not in out

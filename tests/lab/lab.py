@@ -194,6 +194,7 @@ TRAINER_NPROC = 8
 # record every signal they receive there, one file per process (the decoy's unit sets the same directory).
 CT_SIGNAL_AUDIT = "/var/log/gpuops-lab/signals"
 BEHAVIOURS = ("graceful", "slow_checkpoint", "stubborn", "orphans", "respawn", "torchrun")
+NO_TRAINER = "none"  # `lab trainer none`: the trainer stopped, nothing started
 DEFAULT_BEHAVIOUR = "graceful"
 STEP_RE = re.compile(r"^step \d+ \|", re.M)
 # The `torchrun` behaviour: not the fake trainer but a real DDP job (tests/lab/torchrun_job/train.py:
@@ -1849,7 +1850,12 @@ def cmd_trainer(args: argparse.Namespace) -> int:
         state = load_json(STATE_FILE)
         wait_booted(vmid)  # e.g. right after a test's 'pct reboot 200'
         sync_lab_files(os.path.join(LXCPATH, vmid, "rootfs"))
-        start_trainer(state, args.behaviour, vmid=vmid)
+        if args.behaviour == NO_TRAINER:
+            # the GPUs free for the data half alone, which refuses to serve beside a job that holds them
+            stop_trainer(state, vmid)
+            save_state(state)
+        else:
+            start_trainer(state, args.behaviour, vmid=vmid)
         ensure_decoys(vmid)  # a container restart takes the decoy tmux sessions with it
     status = status_dict()
     print(json.dumps(status["trainer"] if vmid == MAIN_CT else status["node2"]["trainer"], indent=1, sort_keys=True))
@@ -2021,7 +2027,7 @@ def main(argv: list[str]) -> int:
     p_down.add_argument("--all", action="store_true", help="every lane whose lab directory exists")
     sub.add_parser("status", help="print the lab's facts as JSON")
     p_tr = sub.add_parser("trainer", help="(re)start the dflash trainer with BEHAVIOUR and wait for step lines")
-    p_tr.add_argument("behaviour", choices=BEHAVIOURS)
+    p_tr.add_argument("behaviour", choices=BEHAVIOURS + (NO_TRAINER,))
     p_tr.add_argument("--ct", choices=GPU_CTS, default=MAIN_CT,
                       help="the GPU container (%s: the second node's)" % LANE.node2_ct)
     p_bk = sub.add_parser("backup", help="begin or end a backup of a container as vzdump does it: lock: backup, "

@@ -9,7 +9,7 @@ from typing import List, Tuple
 
 import yaml
 
-from tests.support.lab import DATAGEN_HOST, MAIN_CT
+from tests.support.lab import DATAGEN_HOST, MAIN_CT, trainer
 from tests.support.net import http, parse_metrics
 from tests.support.paths import LAB_INVENTORY, TESTS
 from tests.support.playbook import PlaybookRun, run_playbook
@@ -86,8 +86,18 @@ def lab_worker_args(*extra: str) -> str:
     return json.dumps({"sglang_datagen_worker_extra_args": [*args, *extra]})
 
 
+def free_gpus() -> None:
+    """CT200's GPUs free, as the datagen half alone requires (it refuses to serve beside a job that holds them,
+    the role's tasks/gpus_free.yml): the lab trainer stopped, nothing started in its place. A module that calls
+    it uses the ``trainer_back_afterwards`` fixture (tests/conftest.py), so the suites after it find the trainer
+    running."""
+    trainer("none")
+
+
 def play_result(*extra: str) -> PlaybookRun:
-    """The role's converge play (the datagen half alone) on the lab inventory, EXTRA ansible-playbook args."""
+    """The role's converge play (the datagen half alone, on freed GPUs: :func:`free_gpus`) on the lab inventory,
+    EXTRA ansible-playbook args."""
+    free_gpus()
     return run_playbook(CONVERGE, LAB_INVENTORY, args=extra, timeout=800)
 
 
