@@ -185,11 +185,9 @@ class _StopJob:
             result["notes"].append("could not record this ladder in %s: %s" % (self.lock.state_path, exc))
         session, socket = params["tmux_session"], params["tmux_socket"]
         excludes = [compile_regex("exclude", pattern) for pattern in params["exclude"]]
-        step_probe = None
-        if step_regex is not None:
-
-            def step_probe() -> int | None:
-                return tmux_step(tmux_panes(session, socket)[0], step_regex, socket)
+        # the step line's number in the pane, when a step regex is given (a closure, not a None-or-def twin)
+        step_probe = (lambda: tmux_step(tmux_panes(session, socket)[0], step_regex, socket)) \
+            if step_regex is not None else None
 
         procs = ProcessSet()
         result["pidfd"] = procs.use_pidfd

@@ -114,7 +114,7 @@ attributes:
     details: It only reads; once the GPUs are free a second run reports V(changed=false).
   platform:
     support: full
-    platforms: posix
+    platforms: linux
 notes:
   - Run it inside the container (through P(gpuops.repurpose.pct_ssh#connection)) or on the PVE host. Inside the container the
     scan sees only the container's processes; memory held from elsewhere still counts, and the failure says so.

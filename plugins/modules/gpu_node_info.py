@@ -125,7 +125,7 @@ attributes:
     details: Reads only; changes nothing.
   platform:
     support: full
-    platforms: posix
+    platforms: linux
 notes:
   - Never fails on what it reads. A fact it cannot read is reported (RV(nvidia_smi_error), RV(python_error)) and,
     where a requirement needs it, is a problem.

@@ -26,6 +26,8 @@ description:
     user (the login user, without C(become)), it runs C(pct) through O(pct_become_method) (C(sudo -n)), so the
     one rule 'pveops ALL=(root) NOPASSWD: /usr/sbin/pct' (the rule the P(gpuops.repurpose.pct_ssh#connection)
     connection needs too) is enough. A missing rule fails at once, naming the rule to add."
+requirements:
+  - A Proxmox VE host with C(pct) (pve-container), run as root or through O(pct_become_method).
 options:
   vmid:
     description: VMID of the container, an integer from 100 to 999999999 (as in C(pct list)).
@@ -116,7 +118,7 @@ attributes:
     support: none
   platform:
     support: full
-    platforms: posix
+    platforms: linux
     details: The Proxmox VE host (needs C(pct); root, or a user with the sudo rule for C(pct) alone).
   idempotent:
     support: partial

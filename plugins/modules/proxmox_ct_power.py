@@ -29,6 +29,8 @@ description:
     V(reboot) it does not refuse, but it would stop the container and then fail to start it."
   - Every run is bounded on the host by O(command_timeout) (C(timeout -s KILL)); for V(reboot) and V(shutdown)
     the default is longer than C(pct)'s own bound, so C(pct) gives up by itself first and is never left running.
+requirements:
+  - A Proxmox VE host with C(pct) (pve-container), run as root or through O(pct_become_method).
 options:
   vmid:
     description: VMID of the container, an integer from 100 to 999999999 (as in C(pct list)).
@@ -73,7 +75,7 @@ attributes:
     support: none
   platform:
     support: full
-    platforms: posix
+    platforms: linux
     details: The Proxmox VE host (needs C(pct); root, or a user with the sudo rule for C(pct) alone).
   idempotent:
     support: partial

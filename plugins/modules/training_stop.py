@@ -46,8 +46,12 @@ attributes:
     details: Once the job is gone nothing is selected and the module reports no change.
   platform:
     support: full
-    platforms: posix
+    platforms: linux
     details: Linux only (reads C(/proc)). pidfds need Linux 5.3 and Python 3.9; elsewhere it falls back to 20 ms polling.
+requirements:
+  - Linux (it reads C(/proc) and uses pidfds where the kernel has them).
+  - C(tmux) on the target for O(tmux_session).
+  - C(pct) on the Proxmox VE host for O(container).
 options:
   pids:
     description:
