@@ -1849,12 +1849,12 @@ def cmd_trainer(args: argparse.Namespace) -> int:
                 vmid, "" if vmid == MAIN_CT else " --nodes 2"))
         state = load_json(STATE_FILE)
         wait_booted(vmid)  # e.g. right after a test's 'pct reboot 200'
-        sync_lab_files(os.path.join(LXCPATH, vmid, "rootfs"))
         if args.behaviour == NO_TRAINER:
             # the GPUs free for the data half alone, which refuses to serve beside a job that holds them
             stop_trainer(state, vmid)
             save_state(state)
         else:
+            sync_lab_files(os.path.join(LXCPATH, vmid, "rootfs"))
             start_trainer(state, args.behaviour, vmid=vmid)
         ensure_decoys(vmid)  # a container restart takes the decoy tmux sessions with it
     status = status_dict()
