@@ -107,8 +107,11 @@ SUDO_USER = LANE.sudo_user
 NOSUDO_USER = LANE.nosudo_user
 NARROW_USER = LANE.narrow_user
 LAB_USERS = (SUDO_USER, NOSUDO_USER, NARROW_USER)
-# the forced-command wrapper the README offers instead of a pct sudo rule, and its list of the user's containers
-PCT_NARROW = os.path.join(REPO, "examples", "pve-host", "pct-narrow")
+# the forced-command wrapper the README offers instead of a pct sudo rule, and its list of the user's containers.
+# Installed into the lab (root's, mode 0755), as a PVE host admin installs it, and the sudo rule names that copy:
+# a checkout's own path can be invisible from the PVE host's sessions (a private /tmp) or another checkout's.
+PCT_NARROW_SOURCE = os.path.join(REPO, "examples", "pve-host", "pct-narrow")
+PCT_NARROW = os.path.join(LAB_DIR, "bin", "pct-narrow")
 PCT_NARROW_LIST = os.path.join("/etc/pct-narrow.d", NARROW_USER)
 
 
@@ -846,6 +849,9 @@ def ensure_users(state: dict) -> None:
     if LAB_DIR != DEFAULT_LAB_DIR:
         for user in (SUDO_USER, NARROW_USER):
             rule += 'Defaults:%s env_keep += "GPUOPS_LAB_DIR"\n' % user
+    os.makedirs(os.path.dirname(PCT_NARROW), mode=0o755, exist_ok=True)
+    with open(PCT_NARROW_SOURCE, encoding="utf-8") as handle:
+        write_if_changed(PCT_NARROW, handle.read(), mode=0o755)
     # the narrow user may reach CT200 only
     os.makedirs(os.path.dirname(PCT_NARROW_LIST), mode=0o755, exist_ok=True)
     write_if_changed(PCT_NARROW_LIST, MAIN_CT + "\n")
