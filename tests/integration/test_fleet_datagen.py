@@ -74,9 +74,12 @@ def play(*args: str, extra: dict | None = None) -> PlaybookRun:
 
 
 def reset_pipelines(lab: dict) -> None:
-    """No finished marker nor generated rows on either node (the tests then prove CT210 never gets any)."""
+    """No finished marker nor generated rows on either node (the tests then prove CT210 never gets any), and no
+    API key: the run makes a new one, which no file of an earlier run (an older release's journal) can hold."""
     for vmid in (MAIN_CT, NODE2_CT):
         reset_pipeline(lab, vmid)
+        in_ct(lab, vmid, "rm", "-f", "/opt/datagen/api-key", "/opt/datagen/api-key.env",
+              "/opt/datagen/sglang-secrets.yaml")
 
 
 def generated_ids(lab: dict) -> list[str]:

@@ -255,15 +255,20 @@ def test_a_serving_port_another_program_holds_is_refused_before_the_training_is_
     in use" after the training was stopped. Named with its holder; the role's own workers on their ports (a
     re-run) are not a problem, which the lab's other data-half runs show."""
     before = trainer_pids(running_trainer)
+    # the role's own workers (an earlier test's) hold their ports: stopped, so that the squatter gets 31003
+    ct(running_trainer, "systemctl", "stop", "sglang-datagen.target", "datagen-pipeline.service", check=False)
     ct(running_trainer, "systemd-run", "--unit", "lab-port-squatter", "--", "python3", "-m", "http.server",
        "--bind", "127.0.0.1", "31003")
     try:
         ct(running_trainer, "python3", "-c", "import socket, time\nfor _ in range(100):\n    try:\n"
            "        socket.create_connection(('127.0.0.1', 31003), 1).close()\n        break\n"
            "    except OSError:\n        time.sleep(0.2)\nelse:\n    raise SystemExit('nothing listens')")
+        assert ct(running_trainer, "systemctl", "is-active", "lab-port-squatter",
+                  check=False).stdout.strip() == "active"
         rc, out = play(WITH_DATAGEN)
     finally:
         ct(running_trainer, "systemctl", "stop", "lab-port-squatter", check=False)
+        ct(running_trainer, "systemctl", "reset-failed", "lab-port-squatter", check=False)
     refused_before_anything(running_trainer, before, rc, out)
     text = flat(out)
     assert "port 31003 (sglang_datagen_worker_base_port + 3) is in use on 127.0.0.1 by pid" in text, out[-3000:]
