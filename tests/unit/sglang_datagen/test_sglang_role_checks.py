@@ -360,3 +360,22 @@ def test_unlabelled_existing_rows_supply_the_guessed_categories(tmp_path):
     rows = [{"messages": [{"role": "user", "content": "solve the equation"}]}]
     done = run_tasks(tmp_path, "validate.yml", _with_existing(tmp_path, {"math": 0.5, "general": 0.5}, rows, False))
     assert done.returncode == 0, done.stdout[-3000:]
+
+
+def test_the_role_serves_on_free_gpus_and_refuses_busy_ones(tmp_path, gpu_node):
+    """tasks/gpus_free.yml against the fake nvidia-smi: eight free GPUs pass (nothing is said); GPU 2 held stops
+    the role, naming the GPU and its holder, before anything is installed. (On a machine running the lab, the lab
+    containers' trainers hold device files too and are named as well: this machine sees their processes.)"""
+    free = run_tasks(tmp_path, "gpus_free.yml", {})
+    assert free.returncode == 0, free.stdout[-3000:]
+    assert "are in use" not in free.stdout
+    holder = gpu_node.hold([2], mib=40000)
+    try:
+        done = run_tasks(tmp_path, "gpus_free.yml", {})
+    finally:
+        gpu_node.kill(holder)
+    assert done.returncode != 0, done.stdout[-3000:]
+    msg = " ".join(fatal_message(done).split())
+    assert "sglang_datagen_gpus=[0, 1, 2, 3, 4, 5, 6, 7] are in use (GPU 2, held by pid " in msg, msg
+    assert f"pid {holder.pid} python" in msg and "fakegpu.py hold --mib 40000 --gpu 2" in msg, msg
+    assert "Stop that job first" in msg and msg.endswith("Nothing was installed or started.")
