@@ -21,6 +21,7 @@ description:
     or failed, ansible-core runs no later play, so no summary task runs. At the end of such a run this callback
     prints the fleet lines it can give from the run's own record, one per host that was unreachable, and the
     C(--limit) that re-runs them.
+  - Both go to standard error, so that a machine-readable standard output (a JSON stdout callback) stays whole.
   - Enabled by the collection's C(ansible.cfg) (C(callbacks_enabled = gpuops.repurpose.fleet_notes)); elsewhere, for
     example in AWX, set E(ANSIBLE_CALLBACKS_ENABLED=gpuops.repurpose.fleet_notes).
 """
@@ -114,5 +115,7 @@ class CallbackModule(CallbackBase):
         self._unreachable[result._host.get_name()] = str(result._result.get("msg", "")).strip()[:300]
 
     def v2_playbook_on_stats(self, stats: t.Any) -> None:
+        # on stderr, like the interrupt note: stdout stays the stdout callback's alone (a json callback's output
+        # must stay one JSON document)
         for line in unreachable_lines(self._unreachable, self._summary_printed):
-            self._display.display(line)
+            self._display.display(line, stderr=True)
