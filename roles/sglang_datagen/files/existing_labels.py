@@ -41,7 +41,7 @@ def field_values(path: str, field: str) -> Iterator[Any]:
 
         table = pq.read_table(path, columns=[field]) if field in pq.read_schema(path).names else None
         if table is None:
-            yield from (None for _ in range(pq.ParquetFile(path).metadata.num_rows))
+            yield from [None] * pq.ParquetFile(path).metadata.num_rows
         else:
             yield from table.column(field).to_pylist()
         return

@@ -336,8 +336,8 @@ EXISTING = [{"category": "coding", "messages": []}] * 3 + [{"category": "general
 def test_a_target_mix_category_nothing_supplies_is_refused_naming_the_closest(tmp_path, extra_files):
     """"codng" is a typo of the existing set's "coding": it would be planned for and get 0 rows, and coding would
     have no target. Refused in the validation pass, naming the category the existing set has."""
-    done = run_tasks(tmp_path, "validate.yml", _with_existing(tmp_path, {"codng": 0.4, "general": 0.6}, EXISTING,
-                                                               extra_files))
+    role_vars = _with_existing(tmp_path, {"codng": 0.4, "general": 0.6}, EXISTING, extra_files)
+    done = run_tasks(tmp_path, "validate.yml", role_vars)
     assert done.returncode != 0, done.stdout[-3000:]
     msg = " ".join(fatal_message(done).split())
     assert "sglang_datagen_config.target_mix asks for what the run cannot supply" in msg, msg

@@ -64,8 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="do not open the input files (they live on another machine): list them in 'inputs'")
     check.add_argument("--base-dir", help="resolve relative input paths against this directory "
                                           "(where the config will live) instead of the config file's")
-    mix_cmd = sub.add_parser("check-mix", help="whether target_mix asks only for categories the sources or the "
-                                                "existing set supply: {warnings: [...]}; errors exit 2")
+    mix_help = ("whether target_mix asks only for categories the sources or the existing set supply: "
+                "{warnings: [...]}; errors exit 2")
+    mix_cmd = sub.add_parser("check-mix", help=mix_help)
     mix_cmd.add_argument("--config", "-c", required=True, help="path to datagen.yml")
     mix_cmd.add_argument("--existing-labels", help="the existing set's labels as read where it lives: JSON "
                                                    "{read, values, unlabelled} (the role's files/existing_labels.py)")

@@ -77,7 +77,7 @@ def test_ctrl_c_during_a_ladder_says_it_goes_on_and_a_rerun_reports_it(tmp_path)
         wait_for(termed.exists, 60, "the ladder's first signal")
         time.sleep(1)
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        out = proc.communicate(timeout=60)[0]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -85,4 +85,3 @@ def test_ctrl_c_during_a_ladder_says_it_goes_on_and_a_rerun_reports_it(tmp_path)
         job.wait()
     assert "SIGINT: interrupted. The stop ladder had started on localhost: it goes on in the container by itself" \
         in out, out[-3000:]
-
