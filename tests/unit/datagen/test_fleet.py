@@ -20,8 +20,8 @@ from datagen.gen.fleet import (
 from datagen.gen.progress import Progress, summary_line
 from datagen.gen.settings import ConfigError, settings_from_config
 
-W = ("http://10.0.0.1:31000", "http://10.0.0.1:31001", "http://10.0.0.2:31000")
-ROUTER = "http://10.0.0.1:30000"
+W = ("http://gpu1.example.internal:31000", "http://gpu1.example.internal:31001", "http://gpu2.example.internal:31000")
+ROUTER = "http://gpu1.example.internal:30000"
 
 
 def test_the_router_list_is_read_as_url_and_health():

@@ -102,7 +102,7 @@ def test_a_model_directory_needs_config_tokenizer_and_weights(listing, missing):
     ("127.0.0.1", "127.0.0.1", True),
     ("127.0.0.1", "127.0.0.2", False),  # two lab nodes on one network: the same port on two loopback addresses
     ("0.0.0.0", "127.0.0.2", True),
-    ("::", "10.0.0.1", True),
+    ("::", "gpu1.example.internal", True),
     ("127.0.0.1", "0.0.0.0", True),
 ])
 def test_which_binds_clash(listening, wanted, clash):
