@@ -32,6 +32,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._nvidia_smi_backe
     run_command,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    read_process_light,
     read_systemd_unit,
     read_tcp_listeners,
     socket_owners,
@@ -109,11 +110,8 @@ def directory_listing(path: str) -> t.Optional[t.List[str]]:
 
 
 def _command_name(pid: int) -> str:
-    try:
-        with open("/proc/%d/comm" % pid, encoding="utf-8", errors="replace") as handle:
-            return handle.read().strip()
-    except OSError:
-        return "gone"
+    info = read_process_light(pid)
+    return info.comm if info is not None else "gone"
 
 
 def port_facts(ports: t.Iterable[int]) -> t.List[t.Dict[str, t.Any]]:
