@@ -9,7 +9,8 @@ time. Standard library only (it runs on targets).
 
 :func:`stop_job` takes the run lock, snapshots the selection (``_select``),
 checks the GPU holders (``_gpu_holders``), climbs the ladder (``_ladder``,
-Ctrl-C through ``_tmux``) and records its outcome (``_runlock``). What it reads
+Ctrl-C through ``_tmux``), records its outcome (``_runlock``), judges the
+checkpoints (``_checkpoint``) and writes what a relaunch needs (``_launch_record``). What it reads
 about the job and the host is in ``_stop_job_scan``; the result's keys and every
 message it returns are built in ``_stop_job_report``. The module only parses
 options and hands the result to ``exit_json``/``fail_json``.
@@ -21,6 +22,7 @@ import os
 import time
 import typing as t
 
+from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint import SETTLE, scan_checkpoints
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     LadderError,
     ProcessSet,
@@ -30,6 +32,11 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     parse_ladder,
     run_ladder,
     stat_children,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import (
+    build_record,
+    record_path,
+    write_record,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_environ
 from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
@@ -65,11 +72,19 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_report 
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_scan import (
     gpu_holders,
+    launch_facts,
     launchers_first,
     locked_elsewhere,
     root_groups,
+    step_line_now,
+    tmux_launcher,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import send_ctrl_c, tmux_panes, tmux_step
+from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
+    last_step,
+    send_ctrl_c,
+    tmux_panes,
+    tmux_step,
+)
 
 __all__ = ["LOCK_KEY_OPTIONS", "SELECTORS", "stop_job"]
 
@@ -91,9 +106,45 @@ class _StopJob:
         self.lock = RunLock(params["lock_dir"], lock_key({option: params[option] for option in LOCK_KEY_OPTIONS}))
         self.climbing: dict[str, t.Any] | None = None  # set once this run recorded its ladder as running
         self.hangups: list[str] = []  # SIGHUP/SIGPIPE caught while the ladder ran on after its connection died
+        self.launch: dict[str, t.Any] | None = None  # what starts the job again, read before the first signal
+        self.step_line = ""
+        self.step_regex: t.Pattern[str] | None = None
+
+    def judge_checkpoints(self) -> None:
+        """The newest whole checkpoint under progress_paths, and the newer ones that are not whole."""
+        if self.params["progress_paths"]:
+            # a file still growing is partial only while a writer may be alive: once the ladder left no process
+            # of the job, a save it just finished is whole however recent
+            writer_gone = not self.check_mode and not self.result["survivors"]
+            scan = scan_checkpoints(self.params["progress_paths"], self.params["checkpoint_patterns"] or ["*"],
+                                    settle=0.0 if writer_gone else SETTLE)
+            self.result["checkpoint"] = scan.newest_whole.as_dict() if scan.newest_whole else None
+            self.result["checkpoint_skipped"] = [v.as_dict() for v in scan.skipped]
+
+    def write_launch_record(self) -> None:
+        """The launch record of the job this ladder stopped (a run that stopped nothing keeps the one it has)."""
+        params, result, launch = self.params, self.result, self.launch
+        if launch is None or self.climbing is None:
+            return
+        checkpoint = result["checkpoint"]
+        path = record_path(params["record_dir"], params["tmux_session"])
+        record = build_record(
+            session=params["tmux_session"], window=launch["window"], argv=launch["argv"], cwd=launch["cwd"],
+            user=launch["user"], uid=launch["uid"], env=launch["env"], step_line=self.step_line,
+            step=last_step(self.step_line, self.step_regex) if self.step_regex is not None else None,
+            checkpoint=checkpoint, checkpoint_skipped=result["checkpoint_skipped"], stopped_at=time.time(),
+            stopped_by=result["stopped_by"])
+        try:
+            write_record(path, record)
+        except OSError as exc:
+            result["notes"].append("could not write the launch record %s: %s" % (path, exc))
+            return
+        result["launch_record"] = dict(record, path=path)
 
     def finish(self, failed: str | None) -> dict[str, t.Any]:
         result = self.result
+        self.judge_checkpoints()
+        self.write_launch_record()
         result["elapsed"] = round(time.monotonic() - self.started, 4)
         if self.climbing is not None:
             try:
@@ -116,6 +167,7 @@ class _StopJob:
         rungs = parse_ladder(params["ladder"], tmux=bool(params["tmux_session"]), kill_timeout=params["kill_timeout"])
         step_regex = (compile_regex("step_regex", params["step_regex"])
                       if params["tmux_session"] and params["step_regex"] else None)
+        self.step_regex = step_regex
         if self.check_mode:
             holder = lock.holder() if locked_elsewhere(lock) else None
             if holder is not None:
@@ -166,6 +218,11 @@ class _StopJob:
             raise _Finish()
         if self.diff:
             result["diff"] = dict(before=diff_lines(result["selected"]), after="")
+        launcher = tmux_launcher(members)
+        if launcher is not None and params["record_dir"] and not self.check_mode:
+            panes = tmux_panes(params["tmux_session"], params["tmux_socket"])[0]
+            self.launch = launch_facts(launcher, panes, params["tmux_socket"], params["record_env"])
+            self.step_line = step_line_now(panes, self.step_regex, params["tmux_socket"])
         if self.check_mode:
             result["changed"] = True
             raise _Finish()

@@ -28,7 +28,7 @@ def new_result() -> dict[str, t.Any]:
     """Every key the module returns, before anything was looked at."""
     return dict(changed=False, selected=[], plan=[], rungs=[], stopped_by=None, stopped_by_index=None,
                 survivors=[], unkillable=[], late_children=[], notes=[], left_out=[], gpu_holders=[], previous=None,
-                lock_waited=0.0, pidfd=False, elapsed=0.0)
+                lock_waited=0.0, pidfd=False, elapsed=0.0, checkpoint=None, checkpoint_skipped=[], launch_record=None)
 
 
 def check_numbers(params: t.Mapping[str, t.Any]) -> str | None:

@@ -7,7 +7,7 @@
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets): the signal order of the
 snapshot, the process groups a Ctrl-C reaches, the GPU holders in scope and
-whether another ladder holds the run lock.
+whether another ladder holds the run lock, and what the launch record needs.
 """
 
 from __future__ import annotations
@@ -18,8 +18,17 @@ import typing as t
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import classify_holders, scan_holders
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import allowed_env
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ancestors_of, read_environ
 from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import RunLock
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import Member, Selection, read_tpgid
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_report import user_name
+from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
+    Pane,
+    last_step_line,
+    pane_text,
+    pane_window,
+)
 
 
 def launchers_first(selection: Selection) -> list[Member]:
@@ -66,3 +75,33 @@ def locked_elsewhere(lock: RunLock) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def tmux_launcher(members: t.Sequence[Member]) -> Member | None:
+    """The job's launcher as the operator started it in the session: the first root found through its panes."""
+    return next((m for m in members if m.depth == 0 and m.how == "tmux_session"), None)
+
+
+def launch_facts(launcher: Member, panes: t.Sequence[Pane], socket: str | None,
+                 extra_env: t.Sequence[str]) -> dict[str, t.Any]:
+    """What starts ``launcher`` again, read before the first signal: argv, cwd, user, allow-listed env, window."""
+    lineage = {launcher.pid, *ancestors_of(launcher.pid)}
+    pane = next((p for p in panes if p.pid in lineage), panes[0] if panes else None)
+    try:
+        cwd = os.readlink("/proc/%d/cwd" % launcher.pid)
+    except OSError:
+        cwd = ""
+    return {"argv": list(launcher.info.cmdline), "cwd": cwd, "uid": launcher.info.uid,
+            "user": user_name(launcher.info.uid) or "", "window": pane_window(pane, socket) if pane else "",
+            "env": allowed_env(read_environ(launcher.pid) or {}, extra_env)}
+
+
+def step_line_now(panes: t.Sequence[Pane], step_regex: t.Pattern[str] | None, socket: str | None) -> str:
+    """The last step line the panes show (the first pane that has one), '' without a step regex or line."""
+    if step_regex is None:
+        return ""
+    for pane in panes:
+        line = last_step_line(pane_text(pane, socket) or "", step_regex)
+        if line:
+            return line
+    return ""

@@ -62,20 +62,41 @@ def last_step(text: str, step_regex: t.Pattern[str]) -> int | None:
     return found
 
 
+def pane_text(pane: Pane, socket: str | None = None, lines: int = 50, timeout: float = 5.0) -> str | None:
+    """The last ``lines`` lines of ``pane`` (None when the pane is gone or tmux does not answer)."""
+    try:
+        done = subprocess.run(tmux_capture_argv(pane.pane_id, lines, socket=socket), stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.decode(errors="replace") if done.returncode == 0 else None
+
+
+def last_step_line(text: str, step_regex: t.Pattern[str]) -> str:
+    """The last line of ``text`` in which ``step_regex`` finds a step ('' without one)."""
+    hits = [line for line in text.splitlines() if step_regex.search(line)]
+    return hits[-1].strip() if hits else ""
+
+
 def tmux_step(panes: t.Sequence[Pane], step_regex: t.Pattern[str], socket: str | None = None, timeout: float = 5.0) -> int | None:
     """The highest last step line shown in ``panes`` (None without one, or when the panes are gone)."""
     steps = []
     for pane in panes:
-        try:
-            done = subprocess.run(tmux_capture_argv(pane.pane_id, socket=socket), stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=timeout, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if done.returncode == 0:
-            step = last_step(done.stdout.decode(errors="replace"), step_regex)
-            if step is not None:
-                steps.append(step)
+        text = pane_text(pane, socket, timeout=timeout)
+        step = last_step(text, step_regex) if text is not None else None
+        if step is not None:
+            steps.append(step)
     return max(steps) if steps else None
+
+
+def pane_window(pane: Pane, socket: str | None = None, timeout: float = 5.0) -> str:
+    """The name of the window ``pane`` is in ('' when tmux does not say)."""
+    argv = ["tmux"] + (["-S", socket] if socket else []) + ["display-message", "-p", "-t", pane.pane_id, "#{window_name}"]
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.decode(errors="replace").strip() if done.returncode == 0 else ""
 
 
 def parse_panes(text: str, session: str) -> list[Pane]:

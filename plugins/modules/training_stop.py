@@ -212,6 +212,39 @@ options:
       - Longest a rung may wait, in seconds from when it was sent, while progress is seen.
     type: float
     default: 600
+  checkpoint_patterns:
+    description:
+      - Shell-style patterns of the checkpoint names among the entries of O(progress_paths) (files, or directories
+        for a torch DCP or Hugging Face C(save_pretrained) checkpoint).
+      - The newest one that is whole is returned as RV(checkpoint), judged without torch (see RV(checkpoint)); newer
+        ones that are not whole are listed in RV(checkpoint_skipped) with the reason.
+    type: list
+    elements: str
+    default: ['*']
+    version_added: 1.0.0
+  record_dir:
+    description:
+      - Directory of the launch records (created root-only, mode 0700). When the ladder stops a job found through
+        O(tmux_session), the module writes C(<record_dir>/<tmux_session>.json) (mode 0600, atomically) for
+        M(gpuops.repurpose.training_start). It holds the launcher's argv, working directory and user, the tmux
+        session and window, an allow-listed part of its environment (see O(record_env)), the last step line, the
+        newest whole checkpoint, and when and by which rung the job was stopped.
+      - A run that stops nothing keeps the record there is. Check mode writes nothing.
+      - Empty string to write no record.
+    type: str
+    default: /var/lib/gpuops/launch
+    version_added: 1.0.0
+  record_env:
+    description:
+      - Names (or shell-style patterns) of environment variables of the launcher to keep in the launch record, on
+        top of C(CUDA_VISIBLE_DEVICES), C(NCCL_*), C(MASTER_*), C(OMP_NUM_THREADS), C(PYTHONPATH), C(PATH) and
+        C(VIRTUAL_ENV).
+      - A name that looks like a secret (containing C(TOKEN), C(KEY), C(SECRET) or C(PASSWORD), in any case) is
+        never written, whatever this list says.
+    type: list
+    elements: str
+    default: []
+    version_added: 1.0.0
   lock_dir:
     description:
       - Directory of the run lock and of the last ladder's record (created when missing). One ladder at a time per
@@ -386,6 +419,38 @@ pidfd:
   description: Whether processes were held by pidfds (false means the polling fallback was used).
   returned: always
   type: bool
+checkpoint:
+  description:
+    - The newest whole checkpoint among the entries of O(progress_paths) that match O(checkpoint_patterns); null
+      when there is none (or no O(progress_paths)).
+    - Judged without torch. A C(torch.save) zip archive whose central directory reads and whose members fit the
+      file; a safetensors file whose header parses and whose tensors fit the file; a torch DCP directory
+      (C(.metadata) and every shard it names); a Hugging Face C(save_pretrained) directory with every file its index
+      names. Files of other formats count as whole unless partial. C(.tmp) names, and files modified in the last
+      two seconds (still growing), are partial.
+  returned: always
+  type: dict
+  version_added: 1.0.0
+  sample: {path: /data/ckpt/dflash/ckpt-step000700.pt, whole: true, kind: torch-zip, why: "", step: 700,
+           mtime: 1767225600.5, size: 1048576}
+checkpoint_skipped:
+  description: Checkpoints newer than RV(checkpoint) that are not whole, newest first, each with C(why).
+  returned: always
+  type: list
+  elements: dict
+  version_added: 1.0.0
+  sample: [{path: /data/ckpt/dflash/ckpt-step000710.pt, whole: false, kind: torch-zip, step: 710,
+            why: "truncated: the end of the zip central directory is missing"}]
+launch_record:
+  description: The launch record this run wrote (see O(record_dir)), with its C(path); null when it wrote none.
+  returned: always
+  type: dict
+  version_added: 1.0.0
+  sample: {path: /var/lib/gpuops/launch/dflash.json, tmux_session: dflash, tmux_window: train,
+           argv: [torchrun, --nproc-per-node, "8", train.py, --data, /data/train.jsonl], cwd: /root/dflash,
+           user: root, uid: 0, env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7"}, step_line: "step 700 | loss 1.23",
+           step: 700, checkpoint: {path: /data/ckpt/dflash/ckpt-step000700.pt, step: 700}, checkpoint_skipped: [],
+           stopped_at: 1767225671.9, stopped_by: SIGINT via tmux, version: 1}
 elapsed:
   description: Seconds the module took.
   returned: always
@@ -431,6 +496,9 @@ def main():
             kill_timeout=dict(type="float", default=10.0),
             lock_dir=dict(type="path", default="/run/gpuops-repurpose"),
             lock_timeout=dict(type="float", default=300.0),
+            checkpoint_patterns=dict(type="list", elements="str", default=["*"]),
+            record_dir=dict(type="str", default="/var/lib/gpuops/launch"),
+            record_env=dict(type="list", elements="str", default=[]),
         ),
         required_one_of=[SELECTORS],
         mutually_exclusive=[["tmux_session", "container"]],

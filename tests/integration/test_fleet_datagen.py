@@ -61,8 +61,10 @@ def api_key(lab: dict) -> str:
 
 
 def worker_args(*extra: str) -> dict:
+    """The lab's worker arguments, then EXTRA; the serving kept up after the job (the re-run below checks that it
+    brings the second node's workers back behind the router)."""
     args = yaml.safe_load(LAB_VARS_FILE.read_text())["sglang_datagen_worker_extra_args"]
-    return {"sglang_datagen_worker_extra_args": [*args, *extra]}
+    return {"sglang_datagen_worker_extra_args": [*args, *extra], "sglang_datagen_release_when_done": False}
 
 
 def play(*args: str, extra: dict | None = None) -> PlaybookRun:

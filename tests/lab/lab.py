@@ -193,6 +193,8 @@ TRAINER_SESSION = "dflash"
 TRAINER_SCRIPT = CT_LAB + "/trainer/fake_trainer.py"
 TRAINER_CKPT = "/root/dflash/checkpoints"
 TRAINER_NPROC = 8
+# The training set both trainers are started on (`--data`); the way back points that argument at the merged set.
+TRAINER_DATA = "/root/dflash/data/train-v1.jsonl"
 # The signal audit (tests/lab/trainer/signal_audit.py): the fake trainer and the networkd-dispatcher decoy
 # record every signal they receive there, one file per process (the decoy's unit sets the same directory).
 CT_SIGNAL_AUDIT = "/var/log/gpuops-lab/signals"
@@ -1377,17 +1379,18 @@ def ct_torch_venv(vmid: str) -> str:
     return CT_TORCH_VENV
 
 
-def trainer_command(behaviour: str) -> str:
+def trainer_command(behaviour: str, ckpt_every: int = 0) -> str:
+    every = ["--ckpt-every", str(ckpt_every)] if ckpt_every else []
     if behaviour == TORCHRUN:
         # --hold: each rank keeps /dev/nvidiaN open, as a CUDA rank does (the role's GPU-holder check sees it)
         return shlex.join([CT_TORCH_VENV + "/bin/torchrun", "--standalone", "--nproc_per_node=%d" % TORCHRUN_NPROC,
                            TORCHRUN_SCRIPT, "--ckpt-dir", TORCHRUN_CKPT, "--hold", "/dev/nvidia%d",
-                           "--num-workers", "2", "--step-sleep", "0.2"])
+                           "--num-workers", "2", "--step-sleep", "0.2", "--data", TRAINER_DATA] + every)
     return shlex.join(["python3", TRAINER_SCRIPT, "--behaviour", behaviour, "--nproc", str(TRAINER_NPROC),
-                       "--ckpt-dir", TRAINER_CKPT])
+                       "--ckpt-dir", TRAINER_CKPT, "--data", TRAINER_DATA] + every)
 
 
-def start_trainer(state: dict, behaviour: str, timeout: float = 60, vmid: str = MAIN_CT) -> None:
+def start_trainer(state: dict, behaviour: str, timeout: float = 60, vmid: str = MAIN_CT, ckpt_every: int = 0) -> None:
     if behaviour not in BEHAVIOURS:
         raise LabError("unknown behaviour %r; pick one of %s" % (behaviour, ", ".join(BEHAVIOURS)))
     slot = trainer_slot(state, vmid)
@@ -1407,8 +1410,13 @@ def start_trainer(state: dict, behaviour: str, timeout: float = 60, vmid: str = 
         slot.pop("tmux_server", None)
     ckpt = TORCHRUN_CKPT if behaviour == TORCHRUN else TRAINER_CKPT
     os.makedirs(os.path.join(rootfs, ckpt.lstrip("/")), exist_ok=True)
+    data = os.path.join(rootfs, TRAINER_DATA.lstrip("/"))
+    if not os.path.exists(data):
+        os.makedirs(os.path.dirname(data), exist_ok=True)
+        with open(data, "w", encoding="utf-8") as handle:
+            handle.write('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n')
     match_ids(vmid)
-    cmd = trainer_command(behaviour)
+    cmd = trainer_command(behaviour, ckpt_every)
     if behaviour == TORCHRUN:
         timeout = max(timeout, 180)  # importing torch in two ranks on a busy 2-core machine
         tmux(vmid, "new-session", "-d", "-s", TRAINER_SESSION, "-x", "200", "-y", "50", "-c",
@@ -1861,7 +1869,7 @@ def cmd_trainer(args: argparse.Namespace) -> int:
             save_state(state)
         else:
             sync_lab_files(os.path.join(LXCPATH, vmid, "rootfs"))
-            start_trainer(state, args.behaviour, vmid=vmid)
+            start_trainer(state, args.behaviour, vmid=vmid, ckpt_every=args.ckpt_every)
         ensure_decoys(vmid)  # a container restart takes the decoy tmux sessions with it
     status = status_dict()
     print(json.dumps(status["trainer"] if vmid == MAIN_CT else status["node2"]["trainer"], indent=1, sort_keys=True))
@@ -2034,6 +2042,8 @@ def main(argv: list[str]) -> int:
     sub.add_parser("status", help="print the lab's facts as JSON")
     p_tr = sub.add_parser("trainer", help="(re)start the dflash trainer with BEHAVIOUR and wait for step lines")
     p_tr.add_argument("behaviour", choices=BEHAVIOURS + (NO_TRAINER,))
+    p_tr.add_argument("--ckpt-every", type=int, default=0, metavar="N",
+                      help="the trainer also saves a checkpoint every N steps (the way back resumes from one)")
     p_tr.add_argument("--ct", choices=GPU_CTS, default=MAIN_CT,
                       help="the GPU container (%s: the second node's)" % LANE.node2_ct)
     p_bk = sub.add_parser("backup", help="begin or end a backup of a container as vzdump does it: lock: backup, "

@@ -47,7 +47,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--ignore-signals", action="store_true")
     parser.add_argument("--hold", default="", help="a file per local rank (PATTERN %% LOCAL_RANK) held open")
-    return parser.parse_args(argv)
+    parser.add_argument("--data", default=None, help="the training set (a file or a directory); must exist")
+    parser.add_argument("--resume-from", default=None, help="a checkpoint this job saved: resume after its step")
+    args = parser.parse_args(argv)
+    if args.data is not None and not os.path.exists(args.data):
+        parser.exit(2, "train.py: --data %s: no such file or directory\n" % args.data)
+    return args
 
 
 def say(text: str) -> None:
@@ -73,8 +78,9 @@ def ignore_in_worker(_worker_id: int) -> None:
 def save(model: torch.nn.Module, step: int, ckpt_dir: str, seconds: float) -> str:
     """torch.save into memory, written to ``<name>.tmp`` in chunks over ``seconds``, fsync, rename."""
     buffer = io.BytesIO()
-    torch.save({"step": step, "model": model.state_dict()}, buffer)
-    data = buffer.getvalue() * 64  # a few hundred KiB: chunks to stretch over `seconds`
+    # a real torch.save archive of a few hundred KiB (the padding tensor), written in chunks to stretch over `seconds`
+    torch.save({"step": step, "model": model.state_dict(), "pad": torch.zeros(64 * 1024)}, buffer)
+    data = buffer.getvalue()
     final = os.path.join(ckpt_dir, "ckpt-%06d.pt" % step)
     chunks = 8
     size = -(-len(data) // chunks)
@@ -106,6 +112,15 @@ def main(argv: list[str]) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     os.makedirs(args.ckpt_dir, exist_ok=True)
     step = 0
+    if args.resume_from:
+        # torch.load raises on a torn archive: the job dies at start, as a real one would
+        state = torch.load(args.resume_from)
+        model.module.load_state_dict(state["model"])
+        step = int(state["step"])
+        if rank == 0:
+            say("resumed from %s at step %d" % (args.resume_from, step))
+    if rank == 0 and args.data:
+        say("data %s" % args.data)
     epoch = 0
     while True:
         loader.sampler.set_epoch(epoch)

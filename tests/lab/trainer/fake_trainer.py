@@ -51,10 +51,15 @@ worker record each signal they receive in ``DIR/launcher.PID.jsonl`` / ``DIR/wor
 Lines the launcher and workers print start with ``[launcher]`` / ``[rank N]``
 except the step lines, which look like the real ones.
 
+Resuming (the way back, as a real trainer's ``--resume-from``/``--data`` do): ``--resume-from PATH``
+verifies that checkpoint (a torn or corrupt one ends the launcher with exit status 2 before any worker
+starts, as ``torch.load`` raising would) and starts at its step + 1; ``--data PATH`` must exist (a file
+or a directory, else exit status 2: the job that dies at start) and rank 0 prints ``data PATH``.
+
 CLI::
 
     fake_trainer.py --behaviour {graceful,slow_checkpoint,stubborn,orphans,respawn}
-                    --nproc 8 --ckpt-dir DIR [--step-start 682] [--step-seconds 1]
+                    --nproc 8 --ckpt-dir DIR [--data PATH] [--resume-from CKPT] [--step-start 682] [--step-seconds 1]
                     [--checkpoint-seconds S] [--ckpt-every N] [--teardown-seconds 30]
                     [--gpu-mib MIB] [--no-gpu]
 """
@@ -84,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--behaviour", choices=BEHAVIOURS, default="graceful")
     parser.add_argument("--nproc", type=int, default=8)
     parser.add_argument("--ckpt-dir", required=True)
+    parser.add_argument("--data", default=None, help="the training set (a file or a directory); must exist")
+    parser.add_argument("--resume-from", default=None, help="a checkpoint to resume from (its step + 1)")
     parser.add_argument("--step-start", type=int, default=682)
     parser.add_argument("--step-seconds", type=float, default=1.0)
     parser.add_argument("--checkpoint-seconds", type=float, default=None,
@@ -97,6 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.checkpoint_seconds is None:
         args.checkpoint_seconds = 20.0 if args.behaviour == "slow_checkpoint" else 0.0
+    if args.data is not None and not os.path.exists(args.data):
+        parser.exit(2, "fake_trainer: --data %s: no such file or directory\n" % args.data)
+    if args.resume_from is not None:
+        try:
+            args.step_start = verify_checkpoint(args.resume_from) + 1
+        except (OSError, ValueError) as exc:
+            parser.exit(2, "fake_trainer: --resume-from: cannot load %s: %s\n" % (args.resume_from, exc))
     return args
 
 
@@ -241,6 +255,10 @@ def worker(args: argparse.Namespace) -> int:
     gpu = None if args.no_gpu else hold_gpu(args.rank, args.gpu_mib)
     step = args.step_start
     say(who, "pid %d up (session %d)" % (os.getpid(), os.getsid(0)))
+    if args.rank == 0 and args.data:
+        say(who, "data %s" % args.data)
+    if args.rank == 0 and args.resume_from:
+        say(who, "resumed from %s at step %d" % (args.resume_from, args.step_start))
     next_at = time.monotonic() + args.step_seconds
     while True:
         wake.wait(next_at - time.monotonic())

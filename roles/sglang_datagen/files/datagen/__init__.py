@@ -2,7 +2,7 @@
 
 Run on the GPU node from the role's venv::
 
-    python -m datagen {prepare,generate,tokenize,merge,report,status} --config datagen.yml [--force]
+    python -m datagen {prepare,generate,tokenize,merge,report,status,release} --config datagen.yml [--force]
 
 Stages and files (all under ``work_dir``; names in :mod:`datagen.paths`):
 
@@ -16,6 +16,7 @@ tokenize   generated.jsonl, tokenizer                  tokenized/shard-NNNNN.par
 merge      tokenized/, existing_dataset                merged/shard-NNNNN.parquet + manifest.json
 report     prepare/tokenized/merged manifests          report/composition.md, mix.png, lengths.png
 status     generate.progress.json (while it runs)      -
+release    pipeline.done, the GPUs (after the stages)  released.json (datagen/release.py)
 =========  ==========================================  =============================================
 
 Every stage is idempotent: it records a fingerprint of its inputs (file path, size, mtime) and

@@ -12,6 +12,11 @@ the pipeline got past its start-up (the role waits for it after launching the un
 units (the serving-unit changes a killed run wrote but never applied, :mod:`datagen.unapplied`;
 the pipeline unit's state and ``pipeline.ready.json`` while it waits for the start-up,
 :mod:`datagen.units`).
+
+``release`` runs after the last stage (the pipeline unit's last ``ExecStartPost=``): it stops the
+serving units and proves the GPUs free (:mod:`datagen.release`); one line on stdout (``--json``: the
+outcome as JSON), exit 1 when the GPUs are not free. ``status`` adds ``pipeline``: finished for this
+config or not, and the GPUs' release (``released.json``).
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from datagen import __version__, paths, space, unapplied, units
+from datagen import __version__, paths, release, space, unapplied, units
 from datagen.config import ConfigError, declared_inputs, load_config, load_raw
 from datagen.existing import categories_from_labels
 from datagen.mix import mix_findings, source_categories
@@ -85,7 +91,38 @@ def _parser() -> argparse.ArgumentParser:
     state_cmd = sub.add_parser("pipeline-state",
                                help="the pipeline unit's state and how far it got past its start-up: {unit: {...}, ready: {...}}")
     state_cmd.add_argument("--work-dir", required=True, help="the pipeline's work_dir (where pipeline.ready.json is)")
+    rel = sub.add_parser("release", help="the pipeline finished: stop the serving units, prove the GPUs free "
+                                         "(gpu_free_wait's runner), write released.json; exit 1 when not free")
+    rel.add_argument("--config", "-c", required=True, help="path to datagen.yml")
+    rel.add_argument("--gpus", type=_gpu_list, default=[], metavar="N,N,...",
+                     help="the GPUs to prove free, indexes or UUIDs, comma separated (empty: every GPU)")
+    rel.add_argument("--timeout", type=float, default=release.DEFAULT_TIMEOUT_S,
+                     help="seconds to wait for the GPUs to be free (default %(default)s)")
+    rel.add_argument("--router", action="store_true", help="this node runs the router unit: stop it too")
+    rel.add_argument("--if-needed", action="store_true",
+                     help="do nothing when released.json says the GPUs were released for this job and no "
+                          "serving unit runs")
+    rel.add_argument("--json", action="store_true", help="print the outcome as JSON instead of one line")
+    rel.add_argument("--systemctl", type=_command, default=["systemctl"], metavar="CMD",
+                     help="the systemctl to run (split like a shell would; tests give a stub)")
+    rel.add_argument("--stop-timeout", type=float, default=release.STOP_TIMEOUT_S,
+                     help="seconds systemctl stop may take (default %(default)s)")
+    rel.add_argument("--nvidia-smi", default="nvidia-smi", help="gpu_free_wait's nvidia_smi_path")
+    rel.add_argument("--backend", default="auto", choices=("auto", "nvml", "nvidia_smi"), help="gpu_free_wait's backend")
+    rel.add_argument("--device-path", action="append", dest="device_paths", metavar="PATTERN",
+                     help="gpu_free_wait's device_paths (repeat; default /dev/nvidia*)")
     return p
+
+
+def _gpu_list(text: str) -> List[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _command(text: str) -> List[str]:
+    words = shlex.split(text)
+    if not words:
+        raise argparse.ArgumentTypeError("an empty command")
+    return words
 
 
 def _indexes(text: str) -> List[int]:
@@ -175,7 +212,9 @@ def run(stage: str, config_path: str, force: bool = False) -> Dict[str, Any]:
         finally:
             stop.set()
     if stage == "status":
-        return _generate_api().read_status(cfg.work_dir)
+        status = _generate_api().read_status(cfg.work_dir)
+        status["pipeline"] = release.pipeline_status(config_path, cfg.work_dir)
+        return status
     if stage == "tokenize":
         from datagen.tokenize import run_tokenize
 
@@ -224,6 +263,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 args.home, args.workers, args.router, args.api_key_file, args.unit_dir))
         elif args.stage == "pipeline-state":
             result = units.pipeline_state(args.work_dir)
+        elif args.stage == "release":
+            return _release(args)
         else:
             result = run(args.stage, args.config, getattr(args, "force", False))
             if args.stage in PIPELINE:
@@ -239,6 +280,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     json.dump(result, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
     return 0
+
+
+def _release(args: argparse.Namespace) -> int:
+    """``release``: one line (or JSON) on stdout, exit 1 when the GPUs are not free."""
+    outcome = release.run_cli(args.config, load_config(args.config, check_inputs=False).work_dir, args.gpus,
+                              timeout=args.timeout, router=args.router, if_needed=args.if_needed,
+                              systemctl=args.systemctl, stop_timeout=args.stop_timeout, nvidia_smi=args.nvidia_smi,
+                              backend=args.backend, device_paths=args.device_paths)
+    if args.json:
+        json.dump(outcome, sys.stdout, indent=2, sort_keys=True, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(outcome["line"], flush=True)
+    return 0 if outcome["free"] else 1
 
 
 def _disk_full_line(stage: str, config_path: str) -> str:

@@ -14,6 +14,8 @@ MERGED_DIR = "merged"
 REPORT_DIR = "report"
 MANIFEST = "manifest.json"
 READY = "pipeline.ready.json"  # how far the pipeline got past its start-up (the role polls it)
+DONE = "pipeline.done"  # "SHA1  CONFIG": the pipeline finished for the config with that checksum (the unit writes it)
+RELEASED = "released.json"  # the GPUs released after the pipeline finished (datagen release)
 
 
 def in_work(work_dir: str, *parts: str) -> str:

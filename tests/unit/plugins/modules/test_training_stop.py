@@ -387,3 +387,59 @@ def test_through_ansible_playbook_check_then_run_then_idempotent(job, tmp_path):
     assert done.rc == 0, done.output
     assert "changed=2" in done.stdout and "failed=0" in done.stdout
     assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
+
+
+# ---------------------------------------------------------------- the launch record
+
+def test_tmux_stop_writes_the_launch_record_without_secrets(job, decoys, tmp_path):
+    """What restore_training starts again: argv, cwd, user, allow-listed env (no secret, whatever the list says),
+    the last step line and the newest whole checkpoint; root-only, and kept by a re-run that stops nothing."""
+    trainer = job("graceful", start=False, extra=["--ckpt-every", "2"])
+    os.makedirs(trainer.ckpt_dir)
+    tmux = decoys["tmux"]
+    tmux.new_session("dflash", "bash --norc -i")
+    secrets = "HF_TOKEN=hf_s3cret NCCL_IB_PASSWORD=p4ss MY_API_KEY=k3y WANDB_SECRET_THING=w4ndb"
+    typed = "cd %s && export NCCL_DEBUG=INFO WANDB_PROJECT=dflash %s && %s" % (
+        trainer.workdir, secrets, " ".join(trainer.argv))
+    tmux.run("send-keys", "-t", "=dflash:", "-l", typed)
+    tmux.run("send-keys", "-t", "=dflash:", "Enter")
+    try:
+        wait_for(lambda: any(n.endswith(".bin") for n in os.listdir(trainer.ckpt_dir)), 30, what="a checkpoint")
+        # a save that died half-way, newer than every whole one: skipped by name
+        with open(os.path.join(trainer.ckpt_dir, "ckpt-step009999.bin.tmp"), "wb") as handle:
+            handle.write(b"torn")
+        record_dir = str(tmp_path / "launch")
+        args = {"tmux_session": "dflash", "tmux_socket": tmux.socket, "ladder": [
+            {"signal": "INT", "timeout": 5, "via": "tmux"}, {"signal": "TERM", "timeout": 2}, {"signal": "KILL", "timeout": 5}],
+            "progress_paths": [trainer.ckpt_dir], "checkpoint_patterns": ["ckpt-step*"],
+            "record_dir": record_dir, "record_env": ["WANDB_*", "NCCL_IB_PASSWORD", "HF_*"]}
+        assert not os.path.exists(record_dir)
+        plan = run_module(args, check_mode=True)
+        assert plan["rc"] == 0 and plan["launch_record"] is None and not os.path.exists(record_dir), plan
+        result = run_module(args)
+        assert result["rc"] == 0 and result["stopped_by"] == "SIGINT via tmux", result
+        path = os.path.join(record_dir, "dflash.json")
+        assert result["launch_record"]["path"] == path
+        text = open(path).read()
+        record = json.loads(text)
+        assert record["argv"] == trainer.argv and record["cwd"] == trainer.workdir
+        assert record["uid"] == os.getuid() and record["user"] and record["tmux_session"] == "dflash"
+        assert record["env"]["NCCL_DEBUG"] == "INFO" and record["env"]["WANDB_PROJECT"] == "dflash"
+        assert "PATH" in record["env"]
+        for leaked in ("hf_s3cret", "p4ss", "k3y", "w4ndb", "HF_TOKEN", "NCCL_IB_PASSWORD", "MY_API_KEY"):
+            assert leaked not in text, leaked
+        assert record["step_line"].startswith("step ") and record["step"] >= 682
+        newest = max(n for n in os.listdir(trainer.ckpt_dir) if n.endswith(".bin"))
+        assert record["checkpoint"]["path"] == os.path.join(trainer.ckpt_dir, newest)
+        assert record["checkpoint"]["whole"] is True and record["checkpoint"]["step"] == int(newest[9:15])
+        assert [s["path"] for s in record["checkpoint_skipped"]] == [os.path.join(trainer.ckpt_dir, "ckpt-step009999.bin.tmp")]
+        assert record["stopped_by"] == "SIGINT via tmux" and record["stopped_at"] > 0
+        assert result["checkpoint"] == record["checkpoint"]
+        assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(record_dir).st_mode & 0o777 == 0o700
+        # nothing to stop now: the record stays as it is
+        before = os.stat(path).st_mtime_ns
+        again = run_module(args)
+        assert again["rc"] == 0 and again["selected"] == [] and again["launch_record"] is None, again
+        assert os.stat(path).st_mtime_ns == before and again["checkpoint"] == record["checkpoint"]
+    finally:
+        tmux.run("kill-session", "-t", "=dflash", check=False)

@@ -1,0 +1,876 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The runner of ``training_start``: a launch record (or a command given by hand) in, a job that is proven to
+train (or the reason it is not) out.
+
+This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
+time. Standard library only (it runs on targets).
+
+The pure parts (:func:`apply_overrides`, :func:`launch_plan`, :func:`running_in_panes`, :func:`first_step_after`,
+:func:`gpus_held`) take data and return data. The impure ones are few: :class:`Tmux` runs ``tmux`` (each call
+bounded), :func:`find_running` and :func:`watch` read ``/proc`` and the pane, and :func:`start_training`, the
+module's one call, puts them together. The command is always an argv handed to tmux, never a shell string: tmux
+(>= 2.0) runs a command given as several arguments without ``sh -c``.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shlex
+import shutil
+import subprocess
+import time
+import typing as t
+from dataclasses import dataclass, field
+
+from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint import step_from_name
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import (
+    backend_pids_are_ours,
+    classify_holders,
+    device_gpu_index,
+    device_identities,
+    scan_holders,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError, GpuInfo, GpuProcess, Holder
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import RecordError, record_path
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import read_record as read_record_file
+from ansible_collections.gpuops.repurpose.plugins.module_utils._nvml import open_backend
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
+from ansible_collections.gpuops.repurpose.plugins.module_utils._select import closure, read_table
+from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import last_step, tmux_capture_argv
+from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
+
+DEFAULT_STEP_REGEX = r"\bstep\s+(\d+)"
+DEFAULT_GPU_DEVICES = ("/dev/nvidia[0-9]*",)
+TAIL_LINES = 30
+STEP_LINES = 2000  # the pane history searched for the first step line (tmux keeps 2000 lines by default)
+TMUX_TIMEOUT = 10.0
+DEAD_STATUS_WAIT = 3.0  # tmux can mark a pane dead (pty EOF) a moment before it has reaped the exit status
+# tmux 3.0: new-window -e; the command-line parser whose rules tmux_arg escapes for. tmux 3.2: new-session -e.
+MIN_TMUX = (3, 0)
+NEW_SESSION_ENV_TMUX = (3, 2)
+# printed by new-session/new-window -P: what the wait follows
+NEW_PANE_FORMAT = "#{pane_id}\t#{pane_pid}\t#{window_id}"
+# session_name last: it is the one field that could hold a tab
+PANES_FORMAT = ("#{pane_id}\t#{pane_pid}\t#{pane_dead}\t#{pane_dead_status}\t#{pane_dead_signal}\t#{window_id}\t"
+                "#{window_index}\t#{window_name}\t#{session_name}")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NUMBER = re.compile(r"^-\d+(\.\d*)?$")
+# tmux rewrites ':' and '.' in a session name to '_' and expands '#' as a format in -s and -n: a name holding one
+# of them would not be the session (or window) asked for
+_SESSION_BAD = ":.#"
+_WINDOW_BAD = "#"
+
+
+class LaunchError(Exception):
+    """Nothing was started (or the wait could not even begin); the message names the option and the fix."""
+
+
+# ---------------------------------------------------------------- the record and the command
+
+def record_file_problem(path: str, owner: int, mode: int, euid: int) -> str:
+    """Why a record file must not be trusted ('' when it may): its argv runs as its user, often root, so a record
+    that someone else can write (or that belongs to someone else) would run their command."""
+    if owner not in (0, euid):
+        return "the launch record %s belongs to uid %d, not root: refusing to run the command it holds" % (path, owner)
+    if mode & 0o022:
+        return ("the launch record %s is writable by group or others (mode %04o): refusing to run the command it holds;"
+                " chmod 600 it after checking it" % (path, mode & 0o7777))
+    return ""
+
+
+def check_record(record: t.Mapping[str, t.Any], path: str) -> None:
+    """The fields the launch needs are there and of the right type (argv is checked by the reader)."""
+    by_hand = "give the command by hand instead with argv, cwd and user"
+    if record.get("version", 1) != 1:
+        raise LaunchError("the launch record %s has version %r; this module reads version 1; %s" % (
+            path, record.get("version"), by_hand))
+    for key in ("tmux_session", "cwd", "user"):
+        if not isinstance(record.get(key), str) or not record[key]:
+            raise LaunchError("the launch record %s has no %s; %s" % (path, key, by_hand))
+    env = record.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise LaunchError("the launch record %s: env is not a mapping of names to strings; %s" % (path, by_hand))
+
+
+def read_record(path: str, session: str | None = None) -> dict[str, t.Any]:
+    """The launch record at ``path``, checked; LaunchError when it is missing (naming the options that give the
+    command by hand: argv, cwd, user), unparsable, for another tmux session than ``session``, or not root's."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None  # the reader below says what is wrong with the path
+    if st is not None:
+        problem = record_file_problem(path, st.st_uid, st.st_mode, os.geteuid())
+        if problem:
+            raise LaunchError(problem)
+    try:
+        record = read_record_file(path, session)
+    except RecordError as exc:
+        raise LaunchError(str(exc)) from None
+    check_record(record, path)
+    return record
+
+
+def record_min_step(record: t.Mapping[str, t.Any]) -> int | None:
+    """The step the job must get past: its checkpoint's, else the last one it showed (None when neither is known)."""
+    checkpoint = record.get("checkpoint")
+    for value in (checkpoint.get("step") if isinstance(checkpoint, dict) else None, record.get("step")):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def argument_names(argv: t.Sequence[str]) -> list[str]:
+    """The option names in ``argv`` (``--data`` of ``--data X`` and ``--data=X``), in order, each once."""
+    names: list[str] = []
+    for arg in argv[1:]:
+        if not arg.startswith("-") or arg in ("-", "--") or _NUMBER.match(arg):
+            continue
+        name = arg.split("=", 1)[0]
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def override_value(name: str, value: t.Any) -> str:
+    # YAML turns 8 into an int: numbers are taken as their text; anything else is a mistake, not a removal
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise LaunchError("overrides: the value of %s is %r; give a string (an override replaces the value of an "
+                      "argument, it never removes one)" % (name, value))
+
+
+def apply_overrides(argv: t.Sequence[str], overrides: t.Mapping[str, t.Any]) -> list[str]:
+    """``argv`` with the value of each argument named in ``overrides`` replaced, in both spellings (``--data X``,
+    ``--data=X``), every occurrence. A name argv does not have is an error naming the arguments it has, so a typo
+    is caught before anything is started."""
+    out = list(argv)
+    for name, raw in overrides.items():
+        if not isinstance(name, str) or not name.startswith("-") or name in ("-", "--") or "=" in name:
+            raise LaunchError("overrides: %r is not an argument name; give it as argv spells it (for example "
+                              "--data)" % (name,))
+        value = override_value(name, raw)
+        found = False
+        for index in range(1, len(out)):
+            arg = out[index]
+            if arg == name:
+                following = out[index + 1] if index + 1 < len(out) else None
+                # a flag (--no-gpu --data X) would otherwise have the next option's name replaced
+                if following is None or following.startswith("--"):
+                    raise LaunchError("overrides: %s takes no value in argv (%s), so there is none to replace" % (
+                        name, "it is the last argument" if following is None else "%s follows it" % following))
+                out[index + 1] = value
+                found = True
+            elif arg.startswith(name + "="):
+                out[index] = name + "=" + value
+                found = True
+        if not found:
+            raise LaunchError("overrides: argv has no argument %s; it has: %s" % (
+                name, ", ".join(argument_names(argv)) or "none"))
+    return out
+
+
+def set_argument(argv: t.Sequence[str], name: str, value: str) -> list[str]:
+    """``argv`` with argument ``name`` set to ``value``: replaced where it is (``--x V`` or ``--x=V``), else appended
+    (a resume flag, which a first run does not have)."""
+    if name in argument_names(argv):
+        return apply_overrides(argv, {name: value})
+    return list(argv) + [name, value]
+
+
+def env_values(env: t.Mapping[str, t.Any], option: str = "env") -> dict[str, str]:
+    """``env`` as names to strings; a name tmux -e or the job could not take is an error naming it."""
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise LaunchError("%s: %r is not an environment variable name" % (option, name))
+        if isinstance(value, bool) or value is None or not isinstance(value, (str, int, float)):
+            raise LaunchError("%s: the value of %s is %r; give a string" % (option, name, value))
+        out[name] = str(value)
+    return out
+
+
+def name_problem(option: str, name: str, bad: str) -> str:
+    if not name:
+        return "%s must not be empty" % option
+    found = sorted(set(name) & set(bad))
+    if found:
+        return "%s %r holds %s, which tmux rewrites or expands; choose a name without %s" % (
+            option, name, " ".join(repr(c) for c in found), " ".join(repr(c) for c in bad))
+    return ""
+
+
+# ---------------------------------------------------------------- the tmux command
+
+def parse_tmux_version(text: str) -> tuple[int, int] | None:
+    """``tmux 3.3a`` -> (3, 3); ``tmux next-3.4`` -> (3, 4); None when there is no number (``tmux master``)."""
+    match = re.search(r"(\d+)\.(\d+)", text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def version_problem(version: tuple[int, int] | None, new_session: bool, with_env: bool, session: str = "") -> str:
+    """Why this tmux cannot run the launch ('' when it can; an unnumbered build is taken as recent)."""
+    if version is None:
+        return ""
+    shown = "%d.%d" % version
+    if version < MIN_TMUX:
+        return ("tmux %s is too old: training_start needs tmux 3.0 or later (new-window -e, and the argument parsing "
+                "it escapes for); upgrade tmux on the target" % shown)
+    if new_session and with_env and version < NEW_SESSION_ENV_TMUX:
+        return ("tmux %s cannot set the environment of a new session (new-session -e needs tmux 3.2): create the "
+                "session first (tmux new-session -d -s %s) so that the job starts in a new window of it (new-window "
+                "-e works from tmux 3.0), or upgrade tmux" % (shown, session or "SESSION"))
+    return ""
+
+
+def tmux_arg(arg: str) -> str:
+    """An argument tmux passes on unchanged: tmux splits its command line at any argument ending in ';' (the
+    command separator), unless the ';' is escaped with a backslash, which it then drops."""
+    return arg[:-1] + "\\;" if arg.endswith(";") else arg
+
+
+def format_escape(text: str) -> str:
+    """tmux expands -c (and -n, -s) as a format: '##' is a literal '#'."""
+    return text.replace("#", "##")
+
+
+def tmux_prefix(run_as: str | None = None, socket: str | None = None) -> list[str]:
+    """``tmux [-S SOCKET]``, behind ``runuser -u USER --`` to reach USER's tmux server (and start the job as USER)."""
+    argv = ["runuser", "-u", run_as, "--"] if run_as else []
+    return argv + ["tmux"] + (["-S", socket] if socket else [])
+
+
+def launch_plan(argv: t.Sequence[str], cwd: str, session: str, window: str, env: t.Mapping[str, str],
+                session_exists: bool, window_index: int | None = None, run_as: str | None = None,
+                socket: str | None = None) -> list[str]:
+    """The one tmux command line that starts the job: a new session when there is none, else a new window of it at
+    ``window_index`` (a free index: the operator's shell pane stays). No shell is involved anywhere.
+
+    ``remain-on-exit`` is set in the same command list, so tmux sets it before it handles the job's exit, however
+    fast that comes: the pane, its last lines and its exit status stay readable. A separate tmux call would race
+    a job that dies at once (tmux does not handle a child's exit between the commands of one list).
+    """
+    options = ["-n", tmux_arg(window), "-c", tmux_arg(format_escape(cwd))]
+    for name in sorted(env):
+        options += ["-e", tmux_arg("%s=%s" % (name, env[name]))]
+    command = ["--"] + [tmux_arg(arg) for arg in argv]
+    if session_exists:
+        if window_index is None:
+            raise ValueError("a new window needs its index")
+        target = "=%s:%d" % (session, window_index)
+        create = ["new-window", "-d", "-P", "-F", NEW_PANE_FORMAT, "-t", tmux_arg(target)]
+    else:
+        target = "=%s:" % session
+        create = ["new-session", "-d", "-P", "-F", NEW_PANE_FORMAT, "-s", tmux_arg(session)]
+    return (tmux_prefix(run_as, socket) + create + options + command
+            + [";", "set-option", "-w", "-t", tmux_arg(target), "remain-on-exit", "on"])
+
+
+def plan_lines(command: t.Sequence[str], run_as: str | None, what: str) -> list[str]:
+    lines = ["start as user %s through runuser (its own tmux server)" % run_as] if run_as else []
+    return lines + [shlex.join(command), what]
+
+
+# ---------------------------------------------------------------- panes and processes
+
+@dataclass(frozen=True)
+class PaneState:
+    pane_id: str
+    pid: int
+    dead: bool
+    exit_status: int | None  # negative: killed by that signal (as Python's returncode)
+    window_id: str
+    window_index: int
+    window_name: str
+
+
+def parse_pane_states(text: str, session: str) -> list[PaneState]:
+    """The panes of exactly ``session`` from ``list-panes -a -F PANES_FORMAT`` output (tmux's own target lookup is
+    fuzzy: ``-t =name`` may still resolve to a session with a longer name)."""
+    panes = []
+    for line in text.splitlines():
+        words = line.split("\t", 8)
+        if len(words) != 9 or words[8] != session or not words[0].startswith("%") or not words[1].isdigit():
+            continue
+        status = int(words[3]) if words[3].lstrip("-").isdigit() else None
+        if status is None and words[4].isdigit() and int(words[4]):
+            status = -int(words[4])
+        panes.append(PaneState(words[0], int(words[1]), words[2] == "1", status, words[5],
+                               int(words[6]) if words[6].isdigit() else 0, words[7]))
+    return panes
+
+
+def same_argv(cmdline: t.Sequence[str], wanted: t.Sequence[str]) -> bool:
+    """The same command: equal arguments, and the same program (equal argv[0], or equal base names: a
+    ``python3`` started through a pyenv or venv shim shows its interpreter's full path)."""
+    if not cmdline or len(cmdline) != len(wanted) or tuple(cmdline[1:]) != tuple(wanted[1:]):
+        return False
+    return cmdline[0] == wanted[0] or os.path.basename(cmdline[0]) == os.path.basename(wanted[0])
+
+
+def running_in_panes(panes: t.Sequence[PaneState], table: t.Mapping[int, ProcessInfo],
+                     argv: t.Sequence[str]) -> list[tuple[PaneState, ProcessInfo]]:
+    """The processes running ``argv`` in the live panes (any window), each with its pane: the pane's process or
+    one below it (a job typed at the pane's shell). A dead pane's PID is not looked at: it may be reused."""
+    children: dict[int, list[int]] = {}
+    for pid, info in table.items():
+        children.setdefault(info.ppid, []).append(pid)
+    found = []
+    for pane in panes:
+        if pane.dead:
+            continue
+        frontier, seen = [pane.pid], {pane.pid}
+        while frontier:  # bounded: each pid once
+            pid = frontier.pop(0)
+            info = table.get(pid)
+            if info is None:
+                continue
+            if same_argv(info.cmdline, argv):
+                found.append((pane, info))
+                continue  # its own children (workers) are the job, not another copy
+            for kid in sorted(children.get(pid, ())):
+                if kid not in seen:
+                    seen.add(kid)
+                    frontier.append(kid)
+    return found
+
+
+def job_tree(root: int, table: t.Mapping[int, ProcessInfo]) -> list[dict[str, t.Any]]:
+    """The job: the root, its descendants, and its process group and session when it leads them (workers a
+    launcher double-forked stay in its session), launchers first."""
+    members = closure({root: "job"}, table, lambda info: True)
+    ordered = sorted(members.values(), key=lambda m: (m.depth, m.pid))
+    return [{"pid": m.pid, "ppid": m.info.ppid, "cmdline": m.info.command} for m in ordered]
+
+
+# ---------------------------------------------------------------- GPUs
+
+@dataclass(frozen=True)
+class GpuTarget:
+    wanted: str  # as the gpus option gives it
+    index: int | None
+    uuid: str | None
+
+
+def resolve_gpus(wanted: t.Sequence[str], backend_gpus: t.Sequence[GpuInfo] | None,
+                 device_indices: t.Collection[int], devices_text: str) -> list[GpuTarget]:
+    """Each expected GPU by index and UUID. Without a backend (no NVML, no nvidia-smi) only indices can be named,
+    and each must have a device file among gpu_devices; an unknown GPU is an error before anything moves."""
+    targets = []
+    for item in wanted:
+        item = str(item).strip()
+        if backend_gpus is not None:
+            gpu = next((g for g in backend_gpus if str(g.index) == item or g.uuid.lower() == item.lower()), None)
+            if gpu is None:
+                raise LaunchError("gpus: no GPU %r here; present: %s" % (
+                    item, ", ".join("%d (%s)" % (g.index, g.uuid) for g in backend_gpus) or "none"))
+            targets.append(GpuTarget(item, gpu.index, gpu.uuid))
+        elif item.isdigit():
+            if int(item) not in device_indices:
+                raise LaunchError("gpus: no device file for GPU %s among gpu_devices (%s)" % (item, devices_text))
+            targets.append(GpuTarget(item, int(item), None))
+        else:
+            raise LaunchError("gpus: %r is not an index, and neither NVML nor nvidia-smi answers here to map a UUID to "
+                              "one; name the GPUs by index (checked through gpu_devices)" % item)
+    return targets
+
+
+def gpus_held(targets: t.Sequence[GpuTarget], tree: t.Collection[int], holders: t.Sequence[Holder],
+              backend_processes: t.Sequence[GpuProcess]) -> list[dict[str, t.Any]]:
+    """The expected GPUs that the job's processes hold: a device file open (``/dev/nvidiaN``), or listed on the GPU
+    by NVML / nvidia-smi (where its PIDs are ours), with the PIDs and how it was seen."""
+    held = []
+    for target in targets:
+        by_device = {h.pid for h in holders if h.pid in tree and target.index is not None and h.gpu == target.index}
+        by_backend = {p.pid for p in backend_processes if p.pid in tree and target.uuid and p.gpu_uuid == target.uuid}
+        if by_device or by_backend:
+            held.append({"gpu": target.wanted, "index": target.index, "uuid": target.uuid,
+                         "pids": sorted(by_device | by_backend),
+                         "via": sorted((["device"] if by_device else []) + (["backend"] if by_backend else []))})
+    return held
+
+
+def busy_holders(targets: t.Sequence[GpuTarget], holders: t.Sequence[Holder]) -> list[Holder]:
+    """Processes already holding an expected GPU before the launch: the new job would fail on it, or share it."""
+    indices = {target.index for target in targets}
+    return [h for h in holders if h.gpu is not None and h.gpu in indices]
+
+
+class GpuWatch:
+    """Samples who holds the expected GPUs: the device-file scan first, the backend only when that is not enough."""
+
+    def __init__(self, wanted: t.Sequence[str], patterns: t.Sequence[str]) -> None:
+        self.patterns = list(patterns)
+        self.notes: list[str] = []
+        self.backend: t.Any = None
+        self.targets: list[GpuTarget] = []
+        self.deadline: Deadline | None = None  # the wait's, once it runs
+        if not wanted:
+            return
+        gpus = None
+        try:
+            self.backend = open_backend("auto", "nvidia-smi", call_timeout=self.call_timeout)
+            gpus = list(self.backend.sample().gpus)
+        except GpuError as exc:
+            self.close()
+            self.notes.append("GPUs checked through gpu_devices only (no NVML or nvidia-smi answer: %s)" % exc)
+        devices = device_identities(self.patterns)
+        indices = {i for i in (device_gpu_index(path) for path in devices.values()) if i is not None}
+        self.targets = resolve_gpus(wanted, gpus, indices, "%s matched %s" % (
+            ", ".join(self.patterns), ", ".join(sorted(devices.values())) or "nothing"))
+
+    def call_timeout(self) -> float:
+        """Seconds one nvidia-smi call may take: never past the wait's deadline (30 s before the wait starts)."""
+        return 30.0 if self.deadline is None else max(0.5, min(30.0, self.deadline.remaining()))
+
+    def holders(self) -> list[Holder]:
+        """Every process holding a device file of gpu_devices, driver tools (nvidia-smi, ...) left out."""
+        found = scan_holders(self.patterns, exclude_pids={os.getpid()})
+        return classify_holders(found, None, DEFAULT_IGNORE_PROCESSES, None)[0]
+
+    def held(self, tree: t.Collection[int]) -> list[dict[str, t.Any]]:
+        holders = self.holders()
+        held = gpus_held(self.targets, tree, holders, ())
+        if len(held) == len(self.targets) or self.backend is None or not backend_pids_are_ours():
+            return held
+        try:
+            sample = self.backend.sample()
+            sample.ensure_processes()
+        except GpuError as exc:
+            self.notes.append("GPU backend failed (%s); GPUs checked through gpu_devices only from then on" % exc)
+            self.close()
+            return held
+        return gpus_held(self.targets, tree, holders, sample.processes or ())
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.close()
+            self.backend = None
+
+
+# ---------------------------------------------------------------- tmux calls
+
+def tmux_env() -> dict[str, str]:
+    # $TMUX would point the client at the server this module runs under (a local connection from inside tmux),
+    # whatever user it is meant to reach
+    return {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
+
+
+class Tmux:
+    """tmux as the job's user (through runuser when that is not this module's), on its server (or ``socket``)."""
+
+    def __init__(self, run_as: str | None = None, socket: str | None = None, timeout: float = TMUX_TIMEOUT) -> None:
+        self.run_as, self.socket, self.timeout = run_as, socket, timeout
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run_argv(tmux_prefix(self.run_as, self.socket) + list(args))
+
+    def run_argv(self, argv: t.Sequence[str]) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, timeout=self.timeout,
+                                  check=False, env=tmux_env(), text=True, errors="replace")
+        except FileNotFoundError:
+            raise LaunchError("%s is not installed on the target" % argv[0]) from None
+        except subprocess.TimeoutExpired:
+            raise LaunchError("'%s' did not answer within %g s; check the tmux server" % (
+                shlex.join(argv[:6]), self.timeout)) from None
+
+    def version(self) -> tuple[int, int] | None:
+        done = self.run("-V")
+        return parse_tmux_version(done.stdout) if done.returncode == 0 else None
+
+    def panes(self, session: str) -> list[PaneState]:
+        """The panes of ``session``; none when there is no server or session (not an error)."""
+        done = self.run("list-panes", "-a", "-F", PANES_FORMAT)
+        return parse_pane_states(done.stdout, session) if done.returncode == 0 else []
+
+    def capture(self, pane_id: str, lines: int) -> str | None:
+        """The last ``lines`` lines of the pane (joined where they wrapped); None when tmux cannot say."""
+        runuser = tmux_prefix(self.run_as)[:-1]  # runuser -u USER -- (or nothing)
+        done = self.run_argv(runuser + tmux_capture_argv(pane_id, lines, socket=self.socket))
+        return done.stdout if done.returncode == 0 else None
+
+
+def find_running(session: str, argv: t.Sequence[str], tmux: Tmux | None = None) -> list[tuple[PaneState, ProcessInfo]]:
+    """The processes in ``session``'s live panes (any window) whose full argv is ``argv``."""
+    tmux = tmux or Tmux()
+    panes = tmux.panes(session)
+    return running_in_panes(panes, read_table(light=True), argv) if panes else []
+
+
+# ---------------------------------------------------------------- the wait
+
+def first_step_after(text: str, step_regex: t.Pattern[str], min_step: int | None) -> tuple[str, int] | None:
+    """The first line of ``text`` whose step (``step_regex``'s first group, else the first number of the hit) is
+    above ``min_step`` (any step when None), with that step."""
+    for line in text.splitlines():
+        step = last_step(line, step_regex)
+        if step is not None and (min_step is None or step > min_step):
+            return line.strip(), step
+    return None
+
+
+def _strip_blank_end(lines: list[str]) -> list[str]:
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def tail_lines(text: str, count: int = TAIL_LINES) -> list[str]:
+    """The last ``count`` lines of a capture, without the empty screen rows below them (nor those between the job's
+    last line and the line tmux writes at the bottom of a dead pane)."""
+    lines = _strip_blank_end([line.rstrip() for line in text.splitlines()])
+    footer = [lines.pop()] if lines and lines[-1].startswith("Pane is dead") else []
+    return (_strip_blank_end(lines) + footer)[-count:]
+
+
+def last_output(tail: t.Sequence[str], count: int = 3) -> str:
+    """The job's own last lines, for a message (tmux's dead-pane line says nothing the exit status does not)."""
+    lines = [line for line in tail if line and not line.startswith("Pane is dead")]
+    return " | ".join(lines[-count:]) or "no output"
+
+
+@dataclass
+class Watched:
+    """What the wait saw; ``state`` is proven, died, timed_out or sampled (check mode: one look)."""
+
+    state: str = ""
+    tree: list[dict[str, t.Any]] = field(default_factory=list)
+    held: list[dict[str, t.Any]] = field(default_factory=list)
+    step: tuple[str, int] | None = None
+    last_step: int | None = None
+    exit_status: int | None = None
+    tail: list[str] = field(default_factory=list)
+    pane_gone: bool = False
+
+
+def dead_pane(tmux: Tmux, session: str, pane_id: str, clock: t.Callable[[], float] = time.monotonic,
+              sleep: t.Callable[[float], None] = time.sleep) -> PaneState | None:
+    """The pane once tmux has its exit status (bounded by DEAD_STATUS_WAIT); None when the pane is gone.
+
+    tmux (3.3a, measured: about one launch in ten of a job that exits at once) can miss the SIGCHLD of a pane's
+    process: the pane shows dead (its pty closed) but the process stays an unreaped zombie and the status never
+    comes. The next exit of any child of the server makes tmux reap them all, so while the status is missing a
+    ``run-shell true`` (a child of the server's, a fixed command) is started every half second.
+    """
+    end = clock() + DEAD_STATUS_WAIT
+    nudge_at = clock() + 0.2
+    while True:
+        pane = next((p for p in tmux.panes(session) if p.pane_id == pane_id), None)
+        if pane is None or (pane.dead and pane.exit_status is not None) or clock() >= end:
+            return pane
+        if pane.dead and clock() >= nudge_at:
+            tmux.run("run-shell", "true")
+            nudge_at = clock() + 0.5
+        sleep(0.05)
+
+
+def watch(tmux: Tmux, session: str, pane_id: str, root: tuple[int, int], gpus: GpuWatch,
+          step_regex: t.Pattern[str] | None, min_step: int | None, timeout: float, interval: float,
+          one_look: bool = False, sleep: t.Callable[[float], None] = time.sleep) -> Watched:
+    """Until the job proves it trains (its processes hold every expected GPU, and the pane shows a step above
+    ``min_step``), it exits, or ``timeout`` passes. Bounded; it never starts anything."""
+    deadline = gpus.deadline = Deadline(timeout)
+    seen = Watched()
+    while True:
+        table = read_table(light=True)
+        info = table.get(root[0])
+        pane = next((p for p in tmux.panes(session) if p.pane_id == pane_id), None)
+        if info is None or info.starttime != root[1] or pane is None or (pane.dead and pane.pid == root[0]):
+            seen.state = "died"
+            return seen
+        seen.tree = job_tree(root[0], table)
+        seen.held = gpus.held({entry["pid"] for entry in seen.tree}) if gpus.targets else []
+        if step_regex is not None and seen.step is None:
+            text = tmux.capture(pane_id, STEP_LINES) or ""
+            seen.step = first_step_after(text, step_regex, min_step)
+            seen.last_step = last_step(text, step_regex)
+        if (seen.step is not None or step_regex is None) and len(seen.held) == len(gpus.targets):
+            seen.state = "proven"
+            return seen
+        if one_look or deadline.expired():
+            seen.state = "sampled" if one_look else "timed_out"
+            return seen
+        sleep(min(interval, deadline.remaining()))
+
+
+def read_death(tmux: Tmux, session: str, pane_id: str, seen: Watched) -> PaneState | None:
+    """The exit status and the last lines of a job that died (its pane kept by remain-on-exit)."""
+    pane = dead_pane(tmux, session, pane_id)
+    if pane is None:
+        seen.pane_gone = True
+        return None
+    seen.exit_status = pane.exit_status if pane.dead else None
+    seen.tail = tail_lines(tmux.capture(pane_id, TAIL_LINES + 200) or "")
+    return pane
+
+
+# ---------------------------------------------------------------- the run
+
+@dataclass
+class Job:
+    argv: list[str]
+    cwd: str
+    user: str
+    env: dict[str, str]
+    session: str
+    window: str
+    min_step: int | None
+    run_as: str | None
+    record: dict[str, t.Any] | None = None
+    checkpoint: dict[str, t.Any] | None = None
+
+
+def module_user() -> tuple[int, str]:
+    uid = os.geteuid()
+    try:
+        return uid, pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return uid, str(uid)
+
+
+def resolve_user(user: str, record_uid: t.Any, euid: int) -> str | None:
+    """Whom to run tmux as through runuser (None: as this module); errors name the fix."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise LaunchError("user: no user %r on the target" % user) from None
+    if isinstance(record_uid, int) and not isinstance(record_uid, bool) and record_uid != entry.pw_uid:
+        raise LaunchError("user: %s is uid %d here, but the launch record says uid %d; give the command by hand "
+                          "(argv, cwd, user) if that is right" % (user, entry.pw_uid, record_uid))
+    if entry.pw_uid == euid:
+        return None
+    if euid != 0:
+        raise LaunchError("user: starting the job as %s needs root (this module runs as uid %d); use become: true" % (
+            user, euid))
+    if shutil.which("runuser") is None:
+        raise LaunchError("user: starting the job as %s needs runuser (util-linux), which is not installed" % user)
+    return user
+
+
+def resume_checkpoint(p: t.Mapping[str, t.Any], record: t.Mapping[str, t.Any] | None) -> dict[str, t.Any] | None:
+    """The checkpoint to resume from: O(checkpoint), else the record's newest whole one (None: start without)."""
+    if not p["resume_arg"]:
+        return None
+    if p["checkpoint"]:
+        return {"path": p["checkpoint"], "step": step_from_name(os.path.basename(p["checkpoint"].rstrip("/")))}
+    found = (record or {}).get("checkpoint")
+    if isinstance(found, dict) and isinstance(found.get("path"), str) and found["path"]:
+        return dict(found)
+    return None
+
+
+def resolve_job(p: t.Mapping[str, t.Any]) -> Job:
+    """The command to run, from the launch record or the options, with overrides and env applied and checked."""
+    path = p["record"]
+    if not path and p["record_dir"] and not p["argv"]:
+        if not p["tmux_session"]:
+            raise LaunchError("tmux_session is required with record_dir: the record is <record_dir>/<tmux_session>.json")
+        path = record_path(p["record_dir"], p["tmux_session"])
+    record = None
+    if path:
+        record = read_record(path, p["tmux_session"])
+        argv, cwd, user, env = record["argv"], record["cwd"], record["user"], env_values(record.get("env") or {})
+        session = p["tmux_session"] or record["tmux_session"]
+        min_step = record_min_step(record)
+        record_uid = record.get("uid")
+    else:
+        if not p["tmux_session"]:
+            raise LaunchError("tmux_session is required when the command is given by hand (argv, cwd)")
+        argv, cwd, user, env = list(p["argv"]), p["cwd"], p["user"] or module_user()[1], {}
+        session, min_step, record_uid = p["tmux_session"], None, None
+    if not argv or not all(isinstance(arg, str) and "\0" not in arg for arg in argv) or not argv[0]:
+        raise LaunchError("argv must be a non-empty list of strings without NUL characters, got %r" % (argv,))
+    env.update(env_values(p["env"] or {}))
+    argv = apply_overrides(argv, p["overrides"] or {})
+    checkpoint = resume_checkpoint(p, record)
+    if checkpoint is not None:
+        argv = set_argument(argv, p["resume_arg"], checkpoint["path"])
+        if p["checkpoint"]:
+            min_step = checkpoint["step"]
+    if p["min_step"] is not None:
+        min_step = p["min_step"]
+    for option, name, bad in (("tmux_session", session, _SESSION_BAD), ("tmux_window", p["tmux_window"], _WINDOW_BAD)):
+        problem = name_problem(option, name, bad)
+        if problem:
+            raise LaunchError(problem)
+    if not os.path.isabs(cwd) or not os.path.isdir(cwd):
+        # tmux would silently start the job somewhere else (the client's directory)
+        raise LaunchError("cwd: %s is not an existing directory (given as an absolute path)" % cwd)
+    run_as = resolve_user(user, record_uid, module_user()[0])
+    return Job(argv, cwd, user, env, session, p["tmux_window"], min_step, run_as, record, checkpoint)
+
+
+def new_result() -> dict[str, t.Any]:
+    return dict(changed=False, argv=[], launched=False, already_running=False, tree=[], gpus_held=[], first_step=None,
+                step_line="", pane_tail=[], exit_status=None, plan=[], elapsed=0.0, tmux_session=None, pane=None,
+                min_step=None, notes=[], record=None, checkpoint=None)
+
+
+def proof_text(job: Job, gpus: GpuWatch, step_regex: t.Pattern[str] | None, timeout: float) -> str:
+    wants = []
+    if gpus.targets:
+        wants.append("GPU %s held by the job's processes" % ", ".join(target.wanted for target in gpus.targets))
+    if step_regex is not None:
+        wants.append("a step line above step %d" % job.min_step if job.min_step is not None else "a step line")
+    return "wait up to %g s for %s" % (timeout, " and ".join(wants) if wants else "nothing but the job staying up")
+
+
+def missing_text(job: Job, gpus: GpuWatch, seen: Watched, step_regex: t.Pattern[str] | None) -> str:
+    held = {entry["gpu"] for entry in seen.held}
+    missing = ["GPU %s not held by its processes" % ", ".join(g.wanted for g in gpus.targets if g.wanted not in held)
+               ] if len(held) < len(gpus.targets) else []
+    if step_regex is not None and seen.step is None:
+        missing.append("no step line%s, %s" % (
+            " above step %d" % job.min_step if job.min_step is not None else "",
+            "none shown" if seen.last_step is None else "the last shown is step %d" % seen.last_step))
+    return "; ".join(missing)
+
+
+class _Start:
+    """One run of the module: its options, the job and the result it fills in."""
+
+    def __init__(self, p: t.Mapping[str, t.Any], check_mode: bool, diff: bool) -> None:
+        self.p, self.check_mode, self.diff = p, check_mode, diff
+        self.result = new_result()
+
+    def fail(self, msg: str) -> dict[str, t.Any]:
+        return dict(self.result, failed=True, msg=msg)
+
+    def run(self) -> dict[str, t.Any]:
+        p, result = self.p, self.result
+        if p["timeout"] < 0 or p["interval"] <= 0:
+            raise LaunchError("timeout must be >= 0 and interval > 0, got %s and %s" % (p["timeout"], p["interval"]))
+        try:
+            step_regex = re.compile(p["step_regex"]) if p["step_regex"] else None
+        except re.error as exc:
+            raise LaunchError("step_regex: %s" % exc) from None
+        job = resolve_job(p)
+        result.update(argv=job.argv, tmux_session=job.session, min_step=job.min_step, record=job.record,
+                      checkpoint=job.checkpoint)
+        tmux = Tmux(job.run_as, p["tmux_socket"])
+        panes = tmux.panes(job.session)
+        running = running_in_panes(panes, read_table(light=True), job.argv) if panes else []
+        gpus = GpuWatch(p["gpus"], p["gpu_devices"])
+        try:
+            result["notes"] += gpus.notes
+            if running:
+                return self.follow(tmux, job, running, gpus, step_regex)
+            return self.launch(tmux, job, panes, gpus, step_regex)
+        finally:
+            gpus.close()
+
+    def follow(self, tmux: Tmux, job: Job, running: list[tuple[PaneState, ProcessInfo]], gpus: GpuWatch,
+               step_regex: t.Pattern[str] | None) -> dict[str, t.Any]:
+        """The job already runs: nothing is launched; the same proof is waited for (check mode: one look)."""
+        p, result = self.p, self.result
+        pane, info = running[0]
+        found = "already running: pid %d in pane %s (window %s); nothing to launch" % (
+            info.pid, pane.pane_id, pane.window_name)
+        result.update(already_running=True, pane=pane.pane_id,
+                      plan=[found, proof_text(job, gpus, step_regex, p["timeout"])])
+        if len(running) > 1:
+            result["notes"].append("%d copies run in session %s: pids %s" % (
+                len(running), job.session, ", ".join(str(i.pid) for _pane, i in running)))
+        if self.diff:
+            result["diff"] = dict(before=shlex.join(job.argv) + "\n", after=shlex.join(job.argv) + "\n")
+        seen = watch(tmux, job.session, pane.pane_id, (info.pid, info.starttime), gpus, step_regex, job.min_step,
+                     p["timeout"], p["interval"], one_look=self.check_mode)
+        return self.outcome(tmux, job, gpus, seen, step_regex, launched=None)
+
+    def launch(self, tmux: Tmux, job: Job, panes: list[PaneState], gpus: GpuWatch,
+               step_regex: t.Pattern[str] | None) -> dict[str, t.Any]:
+        p, result = self.p, self.result
+        problem = version_problem(tmux.version(), not panes, bool(job.env), job.session)
+        if problem:
+            raise LaunchError(problem)
+        index = max(pane.window_index for pane in panes) + 1 if panes else None
+        command = launch_plan(job.argv, job.cwd, job.session, job.window, job.env, bool(panes), index, job.run_as,
+                              p["tmux_socket"])
+        result["plan"] = plan_lines(command, job.run_as, proof_text(job, gpus, step_regex, p["timeout"]))
+        busy = busy_holders(gpus.targets, gpus.holders()) if gpus.targets else []
+        if busy:
+            msg = "gpus: already held before the launch: %s; stop that job first (training_stop) or wait for it " \
+                  "(gpu_free_wait)" % "; ".join(h.describe() for h in busy)
+            if not self.check_mode:
+                raise LaunchError(msg)
+            # a dry run of stop-then-start stopped nothing: the old job still holds them
+            result["notes"].append("check mode: " + msg)
+        result["changed"] = True
+        if self.diff:
+            result["diff"] = dict(before="", after=shlex.join(job.argv) + "\n")
+        if self.check_mode:
+            return result
+        done = tmux.run_argv(command)
+        words = done.stdout.strip().split("\t")
+        if len(words) != 3 or not words[0].startswith("%") or not words[1].isdigit():
+            result["changed"] = False
+            raise LaunchError("tmux did not start the job (rc %d): %s" % (
+                done.returncode, (done.stderr or done.stdout).strip() or "no output"))
+        result.update(launched=True, pane=words[0])
+        if done.returncode != 0:
+            result["notes"].append("tmux: %s" % done.stderr.strip())
+        root = int(words[1])
+        info = read_table(light=True).get(root)
+        # the pane's process is the job itself (tmux execs the argv): no starttime means it is gone already
+        seen = Watched(state="died") if info is None else watch(
+            tmux, job.session, words[0], (root, info.starttime), gpus, step_regex, job.min_step, p["timeout"],
+            p["interval"])
+        return self.outcome(tmux, job, gpus, seen, step_regex, launched=words[2])
+
+    def outcome(self, tmux: Tmux, job: Job, gpus: GpuWatch, seen: Watched, step_regex: t.Pattern[str] | None,
+                launched: str | None) -> dict[str, t.Any]:
+        """The result: success, or the failure with what was missing, the exit status and the last lines."""
+        result = self.result
+        result.update(tree=seen.tree, gpus_held=seen.held)
+        if seen.step is not None:
+            result.update(step_line=seen.step[0], first_step=seen.step[1])
+        pane_id = result["pane"]
+        if seen.state == "died":
+            read_death(tmux, job.session, pane_id, seen)
+            result.update(exit_status=seen.exit_status, pane_tail=seen.tail)
+            if launched:
+                # read: close it, so no dead pane keeps a PID that may be reused (a later stop selects by pane PID)
+                tmux.run("kill-window", "-t", launched)
+        elif launched:
+            # proven or still running: from now on the window closes with the job, as one started by hand would
+            tmux.run("set-option", "-w", "-t", launched, "remain-on-exit", "off")
+        result["notes"] += [n for n in gpus.notes if n not in result["notes"]]
+        if seen.state in ("proven", "sampled"):
+            return result
+        if seen.state == "timed_out":
+            result["pane_tail"] = tail_lines(tmux.capture(pane_id, TAIL_LINES + 200) or "")
+            return self.fail("the job runs (pid %d, pane %s of tmux session %s) but did not show within %g s that it "
+                             "trains: %s. It was left running: look at its pane, or stop it with training_stop" % (
+                                 seen.tree[0]["pid"] if seen.tree else 0, pane_id, job.session, self.p["timeout"],
+                                 missing_text(job, gpus, seen, step_regex)))
+        status = ("with status %d" % seen.exit_status if seen.exit_status is not None and seen.exit_status >= 0 else
+                  "killed by signal %d" % -seen.exit_status if seen.exit_status is not None else
+                  "(its exit status is unknown%s)" % (": its pane is gone" if seen.pane_gone else ""))
+        last = last_output(seen.tail)
+        return self.fail("the job exited %s before it showed that it trains: %s. Last lines: %s. Nothing was "
+                         "retried%s; check that its GPUs are free again (gpu_free_wait) before the next start" % (
+                             status, missing_text(job, gpus, seen, step_regex) or "nothing missing", last,
+                             "; its window was closed, pane_tail has its last lines" if launched else ""))
+
+
+def start_training(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: bool = False,
+                   started: float | None = None) -> dict[str, t.Any]:
+    """Run ``training_start`` with its (already type-checked) options: the module's result, with ``failed`` and
+    ``msg`` on failure."""
+    started = time.monotonic() if started is None else started
+    run = _Start(p, check_mode, diff)
+    try:
+        result = run.run()
+    except (LaunchError, GpuError) as exc:
+        result = run.fail(str(exc))
+    result["elapsed"] = round(time.monotonic() - started, 3)
+    return result

@@ -1,0 +1,90 @@
+"""The way back as its lab tests run it: playbooks/restore_training.yml on inventories/lab, and what they read in CT200.
+
+Everything is read straight through ``lxc-attach`` (tests/support/ssh.py ``attach``), never through the code under
+test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import List, Optional, Tuple
+
+from tests.support.ct200 import gpu_used
+from tests.support.lab import lab_cli
+from tests.support.paths import LAB_INVENTORY, ROOT
+from tests.support.playbook import PlaybookRun, run_playbook
+from tests.support.ssh import attach
+
+RESTORE_PLAYBOOK = ROOT / "playbooks" / "restore_training.yml"
+RECORD = "/var/lib/gpuops/launch/dflash.json"
+MERGED = "/srv/datagen/work/merged"
+# the stop half on the stubborn trainer (only SIGKILL ends it): short first rungs
+STUBBORN_STOP = {
+    "stop_training_ladder": [{"signal": "SIGINT", "via": "tmux", "timeout": 4}, {"signal": "SIGTERM", "timeout": 4},
+                             {"signal": "SIGKILL", "timeout": 5}],
+    "stop_training_kill_timeout": 5, "stop_training_gpu_timeout": 60, "stop_training_gpu_interval": 0.2,
+}
+# a fake GPU holds its baseline when free (tests/lab/fakegpu: baseline_mib 4)
+FREE_MIB = 512
+
+
+def restore(*args: str, extra: Optional[dict] = None, timeout: float = 900) -> PlaybookRun:
+    """The restore playbook on the lab inventory, EXTRA vars, then ARGS."""
+    return run_playbook(RESTORE_PLAYBOOK, LAB_INVENTORY, [extra] if extra else [], args, timeout=timeout)
+
+
+def stubborn_with_checkpoints(every: int = 5) -> dict:
+    """The lab's stubborn trainer, saving a checkpoint every EVERY steps (it never saves on a signal)."""
+    done = lab_cli("trainer", "stubborn", "--ckpt-every", str(every))
+    assert done.returncode == 0, done.stderr + done.stdout
+    return json.loads(done.stdout)
+
+
+def wait_for_checkpoint(status: dict, ckpt_dir: str, timeout: float = 60) -> List[str]:
+    """The checkpoint files in CKPT_DIR once there is one (bounded)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        names = attach(status, "ls", ckpt_dir, check=False).stdout.split()
+        found = [n for n in names if re.match(r"ckpt-.*\.(bin|pt)$", n)]
+        if found:
+            return found
+        assert time.monotonic() < deadline, "no checkpoint in %s within %ss: %s" % (ckpt_dir, timeout, names)
+        time.sleep(0.5)
+
+
+def read_record(status: dict) -> dict:
+    return json.loads(attach(status, "cat", RECORD).stdout)
+
+
+def pane(status: dict, window: str = "train", lines: int = 300) -> str:
+    """What tmux window WINDOW of session dflash shows in CT200 ('' when there is none)."""
+    return attach(status, "tmux", "capture-pane", "-p", "-J", "-t", "=dflash:%s" % window, "-S", "-%d" % lines,
+                  check=False).stdout
+
+
+def first_step(text: str) -> Optional[int]:
+    hit = re.search(r"^step (\d+)", text, re.M)
+    return int(hit.group(1)) if hit else None
+
+
+def gpus_free_after(status: dict, since: float, timeout: float) -> Tuple[bool, float]:
+    """(every fake GPU back to its baseline, seconds after SINCE when it was seen so), polled every 0.25 s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if max(gpu_used(status).values()) <= FREE_MIB:
+            return True, time.time() - since
+        if time.monotonic() > deadline:
+            return False, time.time() - since
+        time.sleep(0.25)
+
+
+def held_gpus(status: dict) -> List[str]:
+    return sorted(gpu for gpu, mib in gpu_used(status).items() if mib > FREE_MIB)
+
+
+def summary_lines(output: str) -> str:
+    """The restore's summary task output (the debug msg lines)."""
+    start = output.find("Report | Summary")
+    return output[start:start + 4000] if start >= 0 else output[-4000:]
