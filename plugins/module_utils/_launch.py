@@ -676,6 +676,9 @@ def resolve_job(p: t.Mapping[str, t.Any]) -> Job:
             raise LaunchError("tmux_session is required with record_dir: the record is <record_dir>/<tmux_session>.json")
         path = record_path(p["record_dir"], p["tmux_session"])
     record = None
+    if path and p["user"]:
+        raise LaunchError("user: the launch record names the user the job ran as; give the command by hand (argv, cwd, "
+                          "user) to run it as another")
     if path:
         record = read_record(path, p["tmux_session"])
         argv, cwd, user, env = record["argv"], record["cwd"], record["user"], env_values(record.get("env") or {})

@@ -127,6 +127,10 @@ class _StopJob:
         if launch is None or self.climbing is None:
             return
         checkpoint = result["checkpoint"]
+        # the pane's last step line now (a job that ignored the first rungs trained on); the one read before the
+        # first signal when the pane closed with the job (a torchrun started by the session's own command)
+        panes = tmux_panes(params["tmux_session"], params["tmux_socket"])[0]
+        self.step_line = step_line_now(panes, self.step_regex, params["tmux_socket"]) or self.step_line
         path = record_path(params["record_dir"], params["tmux_session"])
         record = build_record(
             session=params["tmux_session"], window=launch["window"], argv=launch["argv"], cwd=launch["cwd"],

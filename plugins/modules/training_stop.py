@@ -426,8 +426,13 @@ checkpoint:
     - Judged without torch. A C(torch.save) zip archive whose central directory reads and whose members fit the
       file; a safetensors file whose header parses and whose tensors fit the file; a torch DCP directory
       (C(.metadata) and every shard it names); a Hugging Face C(save_pretrained) directory with every file its index
-      names. Files of other formats count as whole unless partial. C(.tmp) names, and files modified in the last
-      two seconds (still growing), are partial.
+      names; other checkpoint directories with every file in them whole. Files of other formats count as whole
+      unless partial.
+    - Partial, and never the last checkpoint, are empty files, names ending C(.tmp), C(.partial) or C(.incomplete)
+      (or holding C(.tmp.), or starting C(tmp-checkpoint-)), and, while a process of the job may still write
+      (check mode, or survivors), files modified in the last two seconds.
+    - Newest means the highest step in the name (the number after C(step), else the last number), then the
+      modification time (one job's steps only grow).
   returned: always
   type: dict
   version_added: 1.0.0
@@ -440,7 +445,7 @@ checkpoint_skipped:
   elements: dict
   version_added: 1.0.0
   sample: [{path: /data/ckpt/dflash/ckpt-step000710.pt, whole: false, kind: torch-zip, step: 710,
-            why: "truncated: the end of the zip central directory is missing"}]
+            why: "truncated: no zip end record at the end of the file (524288 bytes)"}]
 launch_record:
   description: The launch record this run wrote (see O(record_dir)), with its C(path); null when it wrote none.
   returned: always

@@ -30,43 +30,31 @@ from tests.support.datagen import (
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import run_playbook
 from tests.support.restore import (
+    ALL_GPUS,
+    CKPT_DIR,
     MERGED,
     RECORD,
     STUBBORN_STOP,
+    TRAINER_DATA,
     first_step,
+    fresh_job,
     gpus_free_after,
     held_gpus,
     pane,
     read_record,
     restore,
-    stubborn_with_checkpoints,
+    stopped_with_record,
     summary_lines,
-    wait_for_checkpoint,
 )
 from tests.support.ssh import attach
-from tests.support.stop_training import FAST, REPURPOSE_PLAYBOOK
+from tests.support.stop_training import REPURPOSE_PLAYBOOK
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(1800)]
-
-CKPT_DIR = "/root/dflash/checkpoints"
-TRAINER_DATA = "/root/dflash/data/train-v1.jsonl"
-ALL_GPUS = [str(i) for i in range(8)]
-
 
 def repurpose(*extra: dict, timeout: float = 1200):
     done = run_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, [STUBBORN_STOP, *extra], timeout=timeout)
     assert done.rc == 0, done.output[-6000:]
     return done
-
-
-def stopped_with_record(status: dict) -> dict:
-    """The stubborn trainer saving every 5 steps, stopped by the stop half alone: its launch record."""
-    stubborn_with_checkpoints(5)
-    wait_for_checkpoint(status, CKPT_DIR)
-    attach(status, "rm", "-f", RECORD)
-    done = run_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, [FAST, STUBBORN_STOP], timeout=600)
-    assert done.rc == 0, done.output[-4000:]
-    return read_record(status)
 
 
 def report_time(status: dict) -> float:
@@ -77,8 +65,7 @@ def report_time(status: dict) -> float:
 
 def test_the_node_s_whole_life_train_repurpose_generate_release_restore(lab):
     status = lab
-    stubborn_with_checkpoints(5)
-    wait_for_checkpoint(status, CKPT_DIR)
+    fresh_job(status)
     reset_pipeline(status)
     attach(status, "rm", "-f", RECORD, WORK + "/released.json")
 
@@ -112,8 +99,7 @@ def test_the_node_s_whole_life_train_repurpose_generate_release_restore(lab):
 
 def test_restore_while_generating_is_refused_then_forced_keeps_every_row(lab):
     status = lab
-    stubborn_with_checkpoints(5)
-    wait_for_checkpoint(status, CKPT_DIR)
+    fresh_job(status)
     reset_pipeline(status)
     # workers at 10 s a request: generation runs for minutes
     repurpose(json.loads(lab_worker_args("--latency", "10")))
@@ -146,8 +132,10 @@ def test_restore_while_generating_is_refused_then_forced_keeps_every_row(lab):
 def test_bad_input_is_caught_before_anything_moves_and_a_dead_start_frees_the_gpus(lab):
     status = lab
     record = stopped_with_record(status)
-    windows = lambda: attach(status, "tmux", "list-windows", "-t", "=dflash", "-F", "#{window_name}",  # noqa: E731
-                             check=False).stdout.split()
+
+    def windows():
+        return attach(status, "tmux", "list-windows", "-t", "=dflash", "-F", "#{window_name}", check=False).stdout.split()
+
     data = {"restore_training_dataset": TRAINER_DATA}
 
     typo = restore(extra=dict(data, restore_training_overrides={"--learning-rate": "1e-5"}))

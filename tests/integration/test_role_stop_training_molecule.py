@@ -8,7 +8,9 @@ Each runs ``molecule test -s NAME`` from the collection root: the shared
 ``default`` scenario checks the lab is up (create) and leaves it up (destroy);
 the behaviour scenario switches the lab's trainer (prepare), runs
 playbooks/repurpose_ct200.yml (converge), runs it again expecting no change
-(idempotence) and checks the container (verify).
+(idempotence) and checks the container (verify). ``round_trip`` is the node's whole life instead: its
+prepare trains, repurposes and waits for the generation to end and release the GPUs; its converge is
+playbooks/restore_training.yml, whose re-run must change nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tests.support.paths import BIN, LAB_INVENTORY, ROOT
 pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 
-@pytest.mark.parametrize("scenario", ["graceful", "stubborn", "orphans", "slow_checkpoint"])
+@pytest.mark.parametrize("scenario", ["graceful", "stubborn", "orphans", "slow_checkpoint", "round_trip"])
 def test_molecule_scenario(lab, scenario):
     # the lane's lab inventory (extensions/molecule/config.yml reads GPUOPS_LAB_INVENTORY); the lab CLI the
     # scenarios run finds the lane in GPUOPS_LAB_LANE, which tests/support/paths.py put in this environment

@@ -16,15 +16,32 @@ defaults: its ``match`` (the lab inventory's fake-trainer match is put back to t
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 
 import pytest
 import yaml
 
 from tests.support.ct200 import ct_processes, decoy_pids, lock_holder, pane_pids
-from tests.support.lab import MAIN_CT, restore_trainer, trainer
-from tests.support.paths import LAB_INVENTORY, ROOT
+from tests.support.lab import MAIN_CT, lab_cli, restore_trainer, trainer
+from tests.support.paths import LAB_DIR, LAB_INVENTORY, ROOT, load_script
 from tests.support.playbook import recap, run_playbook
+from tests.support.restore import (
+    RECORD,
+    child_pids,
+    devices_held,
+    first_step,
+    kernel_argv,
+    pane,
+    proc_cmdline,
+    read_record,
+    restore,
+    summary_lines,
+    wait_for_checkpoint,
+    window_pane_pid,
+)
+from tests.support.ssh import attach
 from tests.support.ssh import in_ct as ct
 from tests.support.stop_training import REPURPOSE_PLAYBOOK
 
@@ -33,6 +50,10 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 with open(ROOT / "roles" / "stop_training" / "defaults" / "main.yml", encoding="utf-8") as _handle:
     ROLE_DEFAULTS = yaml.safe_load(_handle)
 DECOY_SESSIONS = ("edit", "monitor")
+# the lab itself (tests/lab/lab.py): how it starts torchrun (trainer_command), where the job saves
+LAB = load_script(LAB_DIR / "lab.py", "gpuops_lab_torchrun")
+# the way back's dataset: a directory made here in CT200 (the job's --data accepts a file or a directory)
+RESTORE_DATA = "/root/dflash/data/merged-v2/"
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +64,84 @@ def lab(lab):
     restore_trainer()
 
 
-def role_defaults_play(status: dict) -> tuple[int, str]:
-    """The playbook's stop half with the role's own match, ladder and checkpoint patterns.
-
-    inventories/lab sets a match and checkpoint patterns for the lab's fake trainer; they are put back
-    to the role's defaults here. The checkpoint directory is the job's own, as inventories/ct200 sets it.
-    """
-    extra = {
+def role_defaults(status: dict) -> dict:
+    """inventories/lab sets a match and checkpoint patterns for the lab's fake trainer; they are put back
+    to the role's defaults here. The checkpoint directory is the job's own, as inventories/ct200 sets it
+    (the lab's, not STATUS's: the module's status may have been read while the fake trainer ran)."""
+    return {
         "repurpose_datagen": False,
         "stop_training_match": ROLE_DEFAULTS["stop_training_match"],
         "stop_training_ladder": ROLE_DEFAULTS["stop_training_ladder"],
         "stop_training_checkpoint_patterns": ROLE_DEFAULTS["stop_training_checkpoint_patterns"],
-        "stop_training_checkpoint_dir": status["trainer"]["ckpt_dir"],
+        "stop_training_checkpoint_dir": LAB.TORCHRUN_CKPT,
     }
-    done = run_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, [extra], timeout=600)
+
+
+def role_defaults_play(status: dict) -> tuple[int, str]:
+    """The playbook's stop half with the role's own match, ladder and checkpoint patterns (:func:`role_defaults`)."""
+    done = run_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, [role_defaults(status)], timeout=600)
     return done.rc, done.output
+
+
+def restore_vars(status: dict) -> dict:
+    """The way back with the stop play's role-default overrides, the job's two GPUs and the new dataset."""
+    return dict(role_defaults(status), restore_training_gpus=["0", "1"], restore_training_dataset=RESTORE_DATA)
+
+
+def fresh_torchrun(status: dict, ckpt_every: int = 0) -> dict:
+    """The lab's torchrun job (CKPT_EVERY: periodic saves) in an empty checkpoint directory, with no launch
+    record yet: its trainer status. Whatever ran is ended first (the lab SIGKILLs a job the way back started
+    again: it saves nothing on the way out), so no save of an earlier run lands in the directory."""
+    done = lab_cli("trainer", "none")
+    assert done.returncode == 0, done.stderr + done.stdout
+    attach(status, "find", LAB.TORCHRUN_CKPT, "-maxdepth", "1", "-name", "ckpt-*", "-delete", check=False)
+    attach(status, "rm", "-f", RECORD)
+    done = lab_cli("trainer", "torchrun", *(["--ckpt-every", str(ckpt_every)] if ckpt_every else []), timeout=600)
+    assert done.returncode == 0, done.stderr + done.stdout
+    job = json.loads(done.stdout)
+    assert job["behaviour"] == "torchrun" and job["running"], job
+    return job
+
+
+def started_argv(status: dict, job: dict, ckpt_every: int = 0) -> list[str]:
+    """torchrun's argv as the lab started it (its trainer_command), as the kernel holds it: torchrun is a console
+    script, so /proc shows its #! interpreter first. Read from the lab and CT200, never through the code under test."""
+    lab_argv = shlex.split(LAB.trainer_command(LAB.TORCHRUN, ckpt_every))
+    assert shlex.split(job["command"]) == lab_argv, job["command"]
+    started = proc_cmdline(status, job["pids"]["launcher"])
+    assert started == kernel_argv(status, lab_argv), started
+    return started
+
+
+def make_dataset(status: dict) -> None:
+    attach(status, "sh", "-c", 'mkdir -p "$1" && printf "%s\\n" "$2" > "$1/part-00000.jsonl"', "sh", RESTORE_DATA,
+           '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}')
+
+
+def checkpoint_names(status: dict) -> list[str]:
+    return sorted(n for n in attach(status, "ls", LAB.TORCHRUN_CKPT).stdout.split() if n.startswith("ckpt-"))
+
+
+def assert_resumed(status: dict, started: list[str], ckpt: dict) -> None:
+    """The job the restore started: the recorded argv with --data replaced and --resume-from appended, resumed at
+    the checkpoint's step and training past it, its two ranks holding /dev/nvidia0 and /dev/nvidia1."""
+    launcher = window_pane_pid(status)
+    assert launcher is not None, "no window train in tmux session dflash"
+    want = list(started)
+    want[want.index("--data") + 1] = RESTORE_DATA
+    want += ["--resume-from", ckpt["path"]]
+    assert proc_cmdline(status, launcher) == want
+    shown = pane(status)
+    resumed = "resumed from %s at step %d" % (ckpt["path"], ckpt["step"])
+    assert resumed in shown, shown
+    nxt = re.search(r"^step %d loss " % (ckpt["step"] + 1), shown, re.M)
+    assert nxt and nxt.start() > shown.index(resumed), shown
+    assert first_step(shown) == ckpt["step"] + 1, shown
+    assert "data %s" % RESTORE_DATA in shown, shown
+    ranks = [pid for pid in child_pids(status, launcher) if LAB.TORCHRUN_SCRIPT in proc_cmdline(status, pid)]
+    assert len(ranks) == 2, (launcher, child_pids(status, launcher))
+    held = sorted(tuple(devices_held(status, rank)) for rank in ranks)
+    assert held == [("/dev/nvidia0",), ("/dev/nvidia1",)], held
 
 
 def tmux_server(status: dict) -> int:
@@ -122,3 +206,71 @@ def test_role_defaults_stop_a_tmux_new_session_torchrun_by_ctrl_c_and_nothing_el
     assert int(step) == int(saved[0][5:11]), (step, saved)
     assert not ct(lab, "sh", "-c", "ls %s | grep '[.]tmp$'" % job["ckpt_dir"], check=False).stdout.strip()
     assert lock_holder(lab) is None
+
+
+def test_role_defaults_stop_then_restore_resumes_torchrun_from_its_last_whole_checkpoint(lab):
+    job = fresh_torchrun(lab)
+    started = started_argv(lab, job)
+
+    rc, out = role_defaults_play(lab)
+
+    assert rc == 0, out
+    record = read_record(lab)
+    assert record["argv"] == started, record["argv"]
+    assert record["cwd"] == "/root/dflash" and record["user"] == "root", record
+    # Ctrl-C: rank 0 saved on the way out, the one checkpoint in the directory
+    saved = checkpoint_names(lab)
+    ckpt = record["checkpoint"]
+    assert len(saved) == 1 and ckpt["path"] == "%s/%s" % (LAB.TORCHRUN_CKPT, saved[0]), (saved, ckpt)
+    assert ckpt["whole"] and ckpt["step"] == int(saved[0][5:11]) and record["checkpoint_skipped"] == [], record
+    make_dataset(lab)
+
+    run = restore(extra=restore_vars(lab))
+
+    assert run.rc == 0, run.output[-6000:]
+    assert_resumed(lab, started, ckpt)
+    summary = " ".join(summary_lines(run.output).split())
+    assert "training again in tmux session dflash" in summary, summary
+    assert "Checkpoint: %s, step %d" % (ckpt["path"], ckpt["step"]) in summary, summary
+
+    again = restore(extra=restore_vars(lab))
+    assert again.rc == 0 and again.recap()["changed"] == 0, again.output[-4000:]
+    assert "already trains" in summary_lines(again.output)
+
+
+def test_a_truncated_newer_checkpoint_is_skipped_by_the_stop_and_by_the_restore(lab):
+    job = fresh_torchrun(lab, ckpt_every=5)
+    started = started_argv(lab, job, ckpt_every=5)
+    first = sorted(wait_for_checkpoint(lab, LAB.TORCHRUN_CKPT))[0]
+    torn = LAB.TORCHRUN_CKPT + "/ckpt-999999.pt"
+    try:
+        # a real checkpoint, newer by step, cut to half its size, its mtime a minute back (no save in progress)
+        attach(lab, "sh", "-c", 'head -c $(( $(stat -c %s "$1") / 2 )) "$1" > "$2.part" && '
+               'touch -d "@$(( $(date +%s) - 60 ))" "$2.part" && mv "$2.part" "$2"', "sh",
+               "%s/%s" % (LAB.TORCHRUN_CKPT, first), torn)
+
+        rc, out = role_defaults_play(lab)
+
+        assert rc == 0, out
+        flat = " ".join(out.split())
+        # the newest whole one: the highest step the job saved (its Ctrl-C save), read from the directory
+        whole_name = max((n for n in checkpoint_names(lab) if n != "ckpt-999999.pt"), key=lambda n: int(n[5:11]))
+        whole, step = "%s/%s" % (LAB.TORCHRUN_CKPT, whole_name), int(whole_name[5:11])
+        assert "Not whole, skipped: %s (truncated" % torn in flat, out
+        assert "Last whole checkpoint: %s, step %d (" % (whole, step) in flat, out
+        record = read_record(lab)
+        assert record["argv"] == started, record["argv"]
+        assert record["checkpoint"]["path"] == whole and record["checkpoint"]["step"] == step, record
+        assert [(s["path"], s["why"].startswith("truncated")) for s in record["checkpoint_skipped"]] == [(torn, True)]
+        make_dataset(lab)
+
+        run = restore(extra=restore_vars(lab))
+
+        assert run.rc == 0, run.output[-6000:]
+        assert_resumed(lab, started, record["checkpoint"])
+        summary = " ".join(summary_lines(run.output).split())
+        assert "Not whole, skipped: %s (truncated" % torn in summary, summary
+        assert "Checkpoint: %s, step %d" % (whole, step) in summary, summary
+        assert "First step seen: %d" % (step + 1) in summary, summary
+    finally:
+        attach(lab, "rm", "-f", torn, torn + ".part")

@@ -1279,10 +1279,23 @@ def trainer_slot(state: dict, vmid: str) -> dict:
     return state if vmid == MAIN_CT else state.setdefault("ct" + vmid, {})
 
 
+def stray_trainer_refs(vmid: str) -> list[dict]:
+    """Processes in container VMID running the lab's trainers or a fake GPU holder that the lab did not record:
+    a job the way back (restore_training) started again, its ranks left behind, a `fakegpu.py hold` of a killed test."""
+    scripts = (TRAINER_SCRIPT, TORCHRUN_SCRIPT, CT_LAB + "/fakegpu/fakegpu.py")
+    refs = []
+    for info in _proc.iter_processes():
+        if _proc.container_vmid_from_cgroup(info.cgroup) != int(vmid):
+            continue
+        if any(arg in scripts for arg in info.cmdline[:3]):
+            refs.append({"pid": info.pid, "starttime": info.starttime})
+    return refs
+
+
 def stop_trainer(state: dict, vmid: str = MAIN_CT) -> None:
     slot = trainer_slot(state, vmid)
     rec = slot.get("trainer", {}).get("pids") or {}
-    left = kill_refs(trainer_refs(rec))
+    left = kill_refs(trainer_refs(rec) + stray_trainer_refs(vmid))
     if left:
         raise LabError("trainer processes survived SIGKILL: %s" % left)
     if ct_state(vmid) == "running" and has_session(vmid, TRAINER_SESSION):

@@ -1,0 +1,143 @@
+# Copyright (c) gpuops.repurpose contributors
+# GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+"""The controller lost in the way back, between "serving stopped" and "job launched", on the CT200 lab.
+
+The lab's stubborn trainer, saving a checkpoint every 5 steps, is stopped by the stop half alone (its launch
+record written); the data half's serving units, when the container has them, are started, so the restore has
+serving to stop. Then ``playbooks/restore_training.yml`` runs and ``ansible-playbook`` is SIGKILLed whole (its
+process group and every descendant: ansible-core 2.19's workers ``setsid`` out of the group) the moment the
+banner of the launch step is printed: serving stopped and every GPU proven free, nothing launched yet.
+
+What the killed run must have left: no tmux window ``train`` in session dflash, no trainer process, every fake
+GPU at its baseline (serving stopped), the launch record as the stop half wrote it, and the run lock held by the
+dead ``ansible-playbook``. A plain re-run takes that lock over (its output says so), launches the recorded job
+and proves it trains: all 8 GPUs held, the first step past the record's checkpoint step. A second re-run
+changes nothing. Everything is judged from CT200 itself and the fake GPUs' own state, never through the code
+under test.
+
+Marked ``lab``: skipped with the reason when the lab is not up.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.support.ct200 import lock_holder, trainer_pids
+from tests.support.paths import LAB_INVENTORY
+from tests.support.playbook import banners_until, kill_playbook, start_playbook
+from tests.support.restore import (
+    ALL_GPUS,
+    RESTORE_PLAYBOOK,
+    TRAINER_DATA,
+    first_step,
+    held_gpus,
+    pane,
+    read_record,
+    restore,
+    stopped_with_record,
+    summary_lines,
+)
+from tests.support.ssh import attach
+from tests.support.stop_faults import controller_running, read_lock
+
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(1500)]
+
+RESTORE_VARS = {"restore_training_dataset": TRAINER_DATA}
+SERVING = "sglang-datagen.target"
+# roles/restore_training/tasks: the GPU proof (release.yml), then the launch (launch.yml), whose banner is the
+# kill point
+FREE_TASK = "Release | Prove every GPU free"
+LAUNCH_TASK = "Launch | Start the job in tmux and wait until it trains"
+# what the re-run's output says when it takes over the dead run's lock (roles/stop_training/templates/report.j2)
+STALE_LOCK_TAKEN = "took over a stale lock"
+# The re-run's bound: its launch waits at most restore_training_start_timeout (the role's 300 s) for the proof;
+# 120 s more for the rest: the validation pass, the lock, the drain and release (nothing left to stop: the
+# killed run stopped serving, so the GPU wait ends at its first look), the connections.
+START_TIMEOUT_S = 300
+RERUN_BOUND_S = START_TIMEOUT_S + 120
+KILL_BOUND_S = 600  # the killed run, from its start to the launch banner (the same work as the re-run's, minus the launch)
+FAULT = "restore: controller killed before the launch"
+
+
+def serving_units(status: dict) -> bool:
+    """The data half's serving units are installed in the container (its converge ran on this lane)."""
+    return attach(status, "systemctl", "cat", SERVING, check=False).returncode == 0
+
+
+def active(status: dict, unit: str) -> str:
+    return attach(status, "systemctl", "is-active", unit, check=False).stdout.strip()
+
+
+def windows(status: dict) -> list:
+    return attach(status, "tmux", "list-windows", "-t", "=dflash", "-F", "#{window_name}", check=False).stdout.split()
+
+
+def task_of(banner: str) -> str:
+    """A banner's task name without its role prefix (``gpuops.repurpose.restore_training : ``)."""
+    return banner.split(" : ", 1)[-1]
+
+
+def test_controller_killed_before_the_launch_then_a_plain_rerun_finishes_the_way_back(lab, figures):
+    status = lab
+    record = stopped_with_record(status)
+    ckpt = record["checkpoint"]
+    assert ckpt and ckpt["whole"] and ckpt["step"] % 5 == 0, record
+    serving = serving_units(status)
+    if serving:
+        attach(status, "systemctl", "start", "--no-block", SERVING)
+        assert active(status, SERVING) in ("active", "activating"), active(status, SERVING)
+    figures.note("restore controller kill: serving before the restore",
+                 "%s started" % SERVING if serving else "no serving units in the container (data half not deployed)")
+
+    t0 = time.monotonic()
+    proc = start_playbook(RESTORE_PLAYBOOK, LAB_INVENTORY, [RESTORE_VARS])
+    try:
+        seen = banners_until(proc, lambda banners: task_of(banners[-1]) == LAUNCH_TASK, timeout=KILL_BOUND_S)
+    finally:
+        kill_playbook(proc)
+    killed_s = time.monotonic() - t0
+    tail = proc.stdout.read() if proc.stdout else ""
+    names = [task_of(b) for b in seen]
+    assert names and names[-1] == LAUNCH_TASK, "the play ended before the launch banner: %s\n%s" % (
+        names[-5:], tail[-3000:])
+    assert "TASK [" not in tail and "PLAY RECAP" not in tail, "the play went on past the kill:\n%s" % tail[-2000:]
+    figures.injected(FAULT)
+    figures.note("restore controller kill: the killed run, start to kill (s)", round(killed_s, 1))
+
+    # the kill landed after the GPUs were proven free (the play goes on past that task only when it passed)...
+    assert FREE_TASK in names, names
+    # ...and before any launch: no window, no trainer process, every fake GPU at its baseline
+    assert "train" not in windows(status), windows(status)
+    assert not trainer_pids(status)
+    assert held_gpus(status) == []
+    if serving:
+        assert active(status, SERVING) == "inactive", active(status, SERVING)
+    assert read_record(status) == record
+    # the run lock: held by the dead run
+    holder = read_lock(status)
+    assert holder is not None and int(holder.get("controller_pid") or 0) == proc.pid, holder
+    assert not controller_running(holder), holder
+
+    t1 = time.monotonic()
+    run = restore(extra=RESTORE_VARS)
+    rerun_s = time.monotonic() - t1
+    figures.note("restore controller kill: the re-run (s)", round(rerun_s, 1))
+    assert run.rc == 0, run.output[-6000:]
+    figures.wait("restore re-run after the controller was killed before the launch", rerun_s, RERUN_BOUND_S)
+    shown = pane(status)
+    assert first_step(shown) == ckpt["step"] + 1, shown
+    assert held_gpus(status) == ALL_GPUS
+    assert "training again in tmux session dflash" in summary_lines(run.output)
+    assert lock_holder(status) is None
+
+    again = restore(extra=RESTORE_VARS)
+    assert again.rc == 0 and again.recap()["changed"] == 0, again.output[-4000:]
+    assert "already trains" in summary_lines(again.output)
+    assert held_gpus(status) == ALL_GPUS
+    # the dead run's lock was taken over (the re-run went on, and left the lock free): its output says so
+    assert STALE_LOCK_TAKEN in " ".join(run.output.split()), run.output[-6000:]
+    figures.survived(FAULT)
