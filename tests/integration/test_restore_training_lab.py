@@ -57,6 +57,11 @@ def repurpose(*extra: dict, timeout: float = 1200):
     return done
 
 
+def windows(status: dict) -> list:
+    """The window names of tmux session dflash in CT200."""
+    return attach(status, "tmux", "list-windows", "-t", "=dflash", "-F", "#{window_name}", check=False).stdout.split()
+
+
 def report_time(status: dict) -> float:
     """When the pipeline's report stage wrote its last file (CT200's clock is this machine's)."""
     stamps = attach(status, "find", WORK + "/report", "-type", "f", "-printf", "%T@\\n").stdout.split()
@@ -81,6 +86,18 @@ def test_the_node_s_whole_life_train_repurpose_generate_release_restore(lab):
     wait_pipeline_finished(status, 900)
     free, seconds = gpus_free_after(status, report_time(status), 60)
     assert free and seconds <= 30, "GPUs free %s, %.1f s after the report" % (free, seconds)
+    assert json.loads(attach(status, "cat", WORK + "/released.json").stdout)["free"] is True
+    # a re-run of the repurpose sees the finished job: nothing stopped, nothing served again
+    rerun = repurpose()
+    assert "finished for this config" in rerun.output and rerun.recap()["changed"] == 0, rerun.output[-4000:]
+    assert attach(status, "systemctl", "is-active", "sglang-datagen-worker@0.service", check=False).stdout.strip() \
+        != "active"
+    assert held_gpus(status) == []
+
+    # the dry run plans the start and starts nothing
+    dry = restore("--check")
+    assert dry.rc == 0 and "DRY RUN (check mode)" in dry.output, dry.output[-4000:]
+    assert "train" not in windows(status) and held_gpus(status) == []
 
     run = restore()
     assert run.rc == 0, run.output[-6000:]
@@ -133,16 +150,15 @@ def test_bad_input_is_caught_before_anything_moves_and_a_dead_start_frees_the_gp
     status = lab
     record = stopped_with_record(status)
 
-    def windows():
-        return attach(status, "tmux", "list-windows", "-t", "=dflash", "-F", "#{window_name}", check=False).stdout.split()
-
     data = {"restore_training_dataset": TRAINER_DATA}
 
     typo = restore(extra=dict(data, restore_training_overrides={"--learning-rate": "1e-5"}))
     assert typo.rc != 0 and "--learning-rate" in typo.output and "Nothing was stopped" in typo.output
     missing = restore(extra={"restore_training_dataset": "/srv/no/such/set"})
     assert missing.rc != 0 and "/srv/no/such/set does not exist in the container" in missing.output
-    assert "train" not in windows()
+    gone = restore(extra=dict(data, restore_training_checkpoint="/root/dflash/checkpoints/ckpt-step999999.bin"))
+    assert gone.rc != 0 and "ckpt-step999999.bin does not exist in the container" in gone.output
+    assert "train" not in windows(status)
 
     attach(status, "mv", RECORD, RECORD + ".aside")
     try:
@@ -151,7 +167,7 @@ def test_bad_input_is_caught_before_anything_moves_and_a_dead_start_frees_the_gp
         assert "restore_training_argv, restore_training_cwd and restore_training_user" in none.output
     finally:
         attach(status, "mv", RECORD + ".aside", RECORD)
-    assert "train" not in windows()
+    assert "train" not in windows(status)
 
     # a checkpoint that exists but does not load: the job dies at start
     dead = restore(extra=dict(data, restore_training_checkpoint="/etc/hostname"))
