@@ -35,7 +35,9 @@ def tmux_list_panes_argv(socket: str | None = None, tmux: str = "tmux") -> list[
     argv = [tmux]
     if socket:
         argv += ["-S", socket]
-    return argv + ["list-panes", "-a", "-F", "#{pane_id}\t#{pane_pid}\t#{session_name}"]
+    # pane_dead: a pane kept after its process exited (remain-on-exit) still shows that process's PID, which the
+    # kernel may have given to an unrelated process since
+    return argv + ["list-panes", "-a", "-F", "#{pane_id}\t#{pane_pid}\t#{pane_dead}\t#{session_name}"]
 
 
 def tmux_send_keys_argv(pane_id: str, keys: str = "C-c", socket: str | None = None, tmux: str = "tmux") -> list[str]:
@@ -100,11 +102,13 @@ def pane_window(pane: Pane, socket: str | None = None, timeout: float = 5.0) -> 
 
 
 def parse_panes(text: str, session: str) -> list[Pane]:
-    """Panes of exactly ``session`` from ``list-panes -a`` output (``%id<TAB>pid<TAB>session``)."""
+    """Live panes of exactly ``session`` from ``list-panes -a`` output (``%id<TAB>pid<TAB>dead<TAB>session``); a dead
+    pane's PID is no process of the session any more."""
     panes = []
     for line in text.splitlines():
-        words = line.split("\t", 2)
-        if len(words) == 3 and words[2] == session and words[0].startswith("%") and words[1].isdigit():
+        words = line.split("\t", 3)
+        if len(words) == 4 and words[3] == session and words[0].startswith("%") and words[1].isdigit() \
+                and words[2] != "1":
             panes.append(Pane(words[0], int(words[1])))
     return panes
 

@@ -227,12 +227,14 @@ def test_is_interactive_shell(cmd, shell):
     assert is_interactive_shell(cmd) is shell
 
 
-def test_parse_panes_exact_session_and_argv():
-    text = "%0\t1234\tdflash\n%1\t99\tdflash-eval\n%3\t100\tdflash\ngarbage\n%4\tx\tdflash\n"
+def test_parse_panes_exact_session_and_argv_and_never_a_dead_pane():
+    text = ("%0\t1234\t0\tdflash\n%1\t99\t0\tdflash-eval\n%3\t100\t0\tdflash\ngarbage\n%4\tx\t0\tdflash\n"
+            "%5\t4321\t1\tdflash\n")
+    # %5 is dead (remain-on-exit): its PID may belong to an unrelated process by now
     assert parse_panes(text, "dflash") == [Pane("%0", 1234), Pane("%3", 100)]
     assert parse_panes(text, "dfl") == []
     assert tmux_list_panes_argv("/tmp/s") == [
-        "tmux", "-S", "/tmp/s", "list-panes", "-a", "-F", "#{pane_id}\t#{pane_pid}\t#{session_name}"]
+        "tmux", "-S", "/tmp/s", "list-panes", "-a", "-F", "#{pane_id}\t#{pane_pid}\t#{pane_dead}\t#{session_name}"]
 
 
 @pytest.mark.parametrize("text, ok", [("32244\n", 32244), ("  7 ", 7), ("", None), ("abc", None), ("1 2", None), ("0", None)])
