@@ -73,48 +73,12 @@ class LaunchError(Exception):
 
 # ---------------------------------------------------------------- the record and the command
 
-def record_file_problem(path: str, owner: int, mode: int, euid: int) -> str:
-    """Why a record file must not be trusted ('' when it may): its argv runs as its user, often root, so a record
-    that someone else can write (or that belongs to someone else) would run their command."""
-    if owner not in (0, euid):
-        return "the launch record %s belongs to uid %d, not root: refusing to run the command it holds" % (path, owner)
-    if mode & 0o022:
-        return ("the launch record %s is writable by group or others (mode %04o): refusing to run the command it holds;"
-                " chmod 600 it after checking it" % (path, mode & 0o7777))
-    return ""
-
-
-def check_record(record: t.Mapping[str, t.Any], path: str) -> None:
-    """The fields the launch needs are there and of the right type (argv is checked by the reader)."""
-    by_hand = "give the command by hand instead with argv, cwd and user"
-    if record.get("version", 1) != 1:
-        raise LaunchError("the launch record %s has version %r; this module reads version 1; %s" % (
-            path, record.get("version"), by_hand))
-    for key in ("tmux_session", "cwd", "user"):
-        if not isinstance(record.get(key), str) or not record[key]:
-            raise LaunchError("the launch record %s has no %s; %s" % (path, key, by_hand))
-    env = record.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise LaunchError("the launch record %s: env is not a mapping of names to strings; %s" % (path, by_hand))
-
-
 def read_record(path: str, session: str | None = None) -> dict[str, t.Any]:
-    """The launch record at ``path``, checked; LaunchError when it is missing (naming the options that give the
-    command by hand: argv, cwd, user), unparsable, for another tmux session than ``session``, or not root's."""
+    """The launch record at ``path``, checked (``_launch_record.read_record``); LaunchError naming the fix."""
     try:
-        st = os.stat(path)
-    except OSError:
-        st = None  # the reader below says what is wrong with the path
-    if st is not None:
-        problem = record_file_problem(path, st.st_uid, st.st_mode, os.geteuid())
-        if problem:
-            raise LaunchError(problem)
-    try:
-        record = read_record_file(path, session)
+        return read_record_file(path, session)
     except RecordError as exc:
         raise LaunchError(str(exc)) from None
-    check_record(record, path)
-    return record
 
 
 def record_min_step(record: t.Mapping[str, t.Any]) -> int | None:

@@ -30,6 +30,7 @@ ENV_ALLOW = ("CUDA_VISIBLE_DEVICES", "NCCL_*", "MASTER_*", "OMP_NUM_THREADS", "P
 # Checked after the allow-list and case-insensitively, so no list (the role's extra names included) lets one through.
 SECRET_PATTERNS = ("*TOKEN*", "*KEY*", "*SECRET*", "*PASSWORD*")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+BY_HAND = "give the command by hand instead with argv, cwd and user"
 
 
 class RecordError(Exception):
@@ -92,9 +93,42 @@ def write_record(path: str, record: t.Mapping[str, t.Any]) -> None:
         os.close(dir_fd)
 
 
+def record_file_problem(path: str, owner: int, mode: int, euid: int) -> str:
+    """Why a record file must not be trusted ('' when it may): its argv runs as its user, often root, so a record
+    that someone else can write (or that belongs to someone else) would run their command."""
+    if owner not in (0, euid):
+        return "the launch record %s belongs to uid %d, not root: refusing to run the command it holds" % (path, owner)
+    if mode & 0o022:
+        return ("the launch record %s is writable by group or others (mode %04o): refusing to run the command it holds;"
+                " chmod 600 it after checking it" % (path, mode & 0o7777))
+    return ""
+
+
+def check_record(record: t.Mapping[str, t.Any], path: str) -> None:
+    """The fields a relaunch needs are there and of the right type (argv is checked by the reader)."""
+    if record.get("version", RECORD_VERSION) != RECORD_VERSION:
+        raise RecordError("the launch record %s has version %r; this collection reads version %d; %s" % (
+            path, record.get("version"), RECORD_VERSION, BY_HAND))
+    for key in ("tmux_session", "cwd", "user"):
+        if not isinstance(record.get(key), str) or not record[key]:
+            raise RecordError("the launch record %s has no %s; %s" % (path, key, BY_HAND))
+    env = record.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise RecordError("the launch record %s: env is not a mapping of names to strings; %s" % (path, BY_HAND))
+
+
 def read_record(path: str, session: str | None = None) -> dict[str, t.Any]:
-    """The record at ``path``; RecordError when there is none, it does not parse, or it is for another session."""
-    by_hand = "give the command by hand instead with argv, cwd and user"
+    """The record at ``path``, checked; RecordError when there is none, it is not root's (or is writable by others),
+    it does not parse, lacks what a relaunch needs, or is for another session than ``session``."""
+    by_hand = BY_HAND
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None  # opening it below says what is wrong with the path
+    if st is not None:
+        problem = record_file_problem(path, st.st_uid, st.st_mode, os.geteuid())
+        if problem:
+            raise RecordError(problem)
     try:
         with open(path) as handle:
             record = json.load(handle)
@@ -106,6 +140,7 @@ def read_record(path: str, session: str | None = None) -> dict[str, t.Any]:
     if not isinstance(record, dict) or not isinstance(record.get("argv"), list) or not record["argv"] \
             or not all(isinstance(arg, str) for arg in record["argv"]):
         raise RecordError("the launch record %s holds no argv; %s" % (path, by_hand))
+    check_record(record, path)
     if session is not None and record.get("tmux_session") != session:
         raise RecordError("the launch record %s is for tmux session %r, not %r; %s" % (
             path, record.get("tmux_session"), session, by_hand))

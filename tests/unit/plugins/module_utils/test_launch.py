@@ -37,7 +37,6 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._launch import (
     parse_pane_states,
     parse_tmux_version,
     read_record,
-    record_file_problem,
     record_min_step,
     resolve_gpus,
     running_in_panes,
@@ -46,6 +45,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._launch import (
     tmux_arg,
     version_problem,
 )
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import record_file_problem
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
 
 ARGV = ["python3", "/opt/lab/trainer/fake_trainer.py", "--behaviour", "stubborn", "--nproc", "8",
@@ -222,7 +222,7 @@ def test_bad_json_is_refused(tmp_path):
     ({"argv": []}, "holds no argv"),
     ({"cwd": None}, "has no cwd"),
     ({"user": ""}, "has no user"),
-    ({"version": 2}, "has version 2; this module reads version 1"),
+    ({"version": 2}, "has version 2; this collection reads version 1"),
     ({"env": {"A": 1}}, "env is not a mapping of names to strings"),
 ])
 def test_a_record_missing_what_the_launch_needs_is_refused(tmp_path, change, fragment):

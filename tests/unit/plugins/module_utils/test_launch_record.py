@@ -61,7 +61,7 @@ def test_write_is_atomic_and_root_only_and_read_checks_the_session(tmp_path):
     path = record_path(str(tmp_path / "launch"), "dflash")
     assert path == str(tmp_path / "launch" / "dflash.json")
     assert record_path("/d", "../etc/x y").endswith("/.._etc_x_y.json")
-    record = {"argv": ["python3", "train.py"], "tmux_session": "dflash", "cwd": "/w"}
+    record = {"argv": ["python3", "train.py"], "tmux_session": "dflash", "cwd": "/w", "user": "root"}
     write_record(path, record)
     write_record(path, dict(record, cwd="/w2"))
     assert os.listdir(tmp_path / "launch") == ["dflash.json"]  # no temporary file left
