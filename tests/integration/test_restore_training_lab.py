@@ -51,6 +51,7 @@ from tests.support.stop_training import REPURPOSE_PLAYBOOK
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(1800)]
 
+
 def repurpose(*extra: dict, timeout: float = 1200):
     done = run_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, [STUBBORN_STOP, *extra], timeout=timeout)
     assert done.rc == 0, done.output[-6000:]
