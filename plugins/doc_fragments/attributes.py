@@ -33,6 +33,17 @@ attributes:
     support: N/A
 """
 
+    # For the modules that run pct on the Proxmox VE host (meta/runtime.yml action group "pct")
+    PCT_GROUP = r"""
+options: {}
+attributes:
+  action_group:
+    description: Use C(group/gpuops.repurpose.pct) in C(module_defaults) to set defaults for this module.
+    support: full
+    membership:
+      - gpuops.repurpose.pct
+"""
+
     # For modules with an action plugin that does part of the work on the controller
     ACTION = r"""
 options: {}

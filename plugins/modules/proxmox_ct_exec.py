@@ -110,6 +110,7 @@ options:
 extends_documentation_fragment:
   - gpuops.repurpose.attributes
   - gpuops.repurpose.attributes.PLATFORM
+  - gpuops.repurpose.attributes.PCT_GROUP
 attributes:
   check_mode:
     support: full
@@ -158,6 +159,24 @@ EXAMPLES = r"""
     vmid: 200
     argv: [python3, -m, venv, /opt/sglang]
     creates: /opt/sglang/bin/python
+
+# pct_path and pct_become_method once for every module that runs pct (the "pct" action group)
+- name: Look at CT200 and CT201 through a pct that lives elsewhere
+  module_defaults:
+    group/gpuops.repurpose.pct:
+      pct_path: /usr/local/sbin/pct
+      pct_become_method: none
+  block:
+    - name: Is CT200 up
+      gpuops.repurpose.proxmox_ct_exec:
+        vmid: 200
+        argv: ["true"]
+        ensure_running: false
+
+    - name: CT201's power state
+      gpuops.repurpose.proxmox_ct_power:
+        vmid: 201
+        operation: status
 """
 
 RETURN = r"""

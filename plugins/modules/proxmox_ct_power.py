@@ -67,6 +67,7 @@ options:
 extends_documentation_fragment:
   - gpuops.repurpose.attributes
   - gpuops.repurpose.attributes.PLATFORM
+  - gpuops.repurpose.attributes.PCT_GROUP
 attributes:
   check_mode:
     support: full
