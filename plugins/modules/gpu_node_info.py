@@ -23,6 +23,9 @@ description:
   - A driver runs the toolkits of its own CUDA version and older. The oldest driver per CUDA major is NVIDIA's
     "minor version compatibility" minimum (CUDA 13 needs r580, CUDA 12 r525.60.13, CUDA 11 r450.80.02).
   - Standard library only; runs in a container whose GPUs are passed through (the driver is the host's).
+requirements:
+  - Linux (it reads C(/proc) and C(/proc/net/tcp)).
+  - C(nvidia-smi) on the target for the GPU facts (without it they are reported missing, never a failure).
 options:
   nvidia_smi_path:
     description: C(nvidia-smi) to run, a path or a name looked up on C(PATH).

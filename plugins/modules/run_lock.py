@@ -29,6 +29,9 @@ description:
     it is not given.
   - For one process at a time rather than one run, see O(gpuops.repurpose.training_stop#module:lock_timeout),
     which holds a C(flock) for the module's own life.
+requirements:
+  - A POSIX target with C(flock) on its filesystem (C(fcntl)); a holder is judged alive through C(/proc), so Linux
+    for the take-over of a lock whose holder died.
 options:
   path:
     description:
