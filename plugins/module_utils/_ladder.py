@@ -251,11 +251,6 @@ def progress_scan(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> Pr
     return ProgressScan(frozenset(seen), frozenset(files), frozenset(files.items()))
 
 
-def progress_signature(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> frozenset:
-    """(path, inode, size, mtime_ns) of every entry under ``paths`` (bounded): a change means progress."""
-    return progress_scan(paths, limit).signature
-
-
 # ---------------------------------------------------------------- process handles
 
 def pidfd_supported() -> bool:
@@ -392,10 +387,6 @@ class ProcessSet:
     def write_holds(self) -> set[tuple[int, int, int]]:
         """(pid, st_dev, st_ino) of every regular file a live member holds open for writing."""
         return {(h.pid,) + ident for h in self.live() for ident in files_open_for_writing(h.pid, self.proc_root)}
-
-    def writing_to(self, files: t.Container[tuple[int, int]]) -> list[int]:
-        """Live members holding one of ``files`` (``(st_dev, st_ino)``) open for writing."""
-        return [h.pid for h in self.live() if any(f in files for f in files_open_for_writing(h.pid, self.proc_root))]
 
     def close(self) -> None:
         for handle in self.handles.values():

@@ -22,7 +22,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     parse_ladder,
     parse_signal,
     pidfd_supported,
-    progress_signature,
+    progress_scan,
     run_ladder,
     stat_children,
 )
@@ -110,16 +110,16 @@ def test_parse_ladder_errors_name_the_option(raw, tmux, message):
         parse_ladder(raw, tmux=tmux, kill_timeout=10)
 
 
-def test_progress_signature_sees_growth(tmp_path):
+def test_the_progress_scan_signature_sees_growth(tmp_path):
     (tmp_path / "sub").mkdir()
     target = tmp_path / "sub" / "ckpt.tmp"
     target.write_bytes(b"a")
-    before = progress_signature([str(tmp_path)])
-    assert progress_signature([str(tmp_path)]) == before
+    before = progress_scan([str(tmp_path)]).signature
+    assert progress_scan([str(tmp_path)]).signature == before
     with open(target, "ab") as handle:
         handle.write(b"b")
-    assert progress_signature([str(tmp_path)]) != before
-    assert progress_signature([str(tmp_path / "missing")]) == frozenset()
+    assert progress_scan([str(tmp_path)]).signature != before
+    assert progress_scan([str(tmp_path / "missing")]).signature == frozenset()
 
 
 # ---------------------------------------------------------------- real processes
@@ -412,12 +412,12 @@ def test_progress_scan_follows_symlinks_and_sees_the_newest_first(tmp_path):
     link = tmp_path / "ckpt"
     link.symlink_to(real)  # the checkpoint directory is a symlink (and so could a subdirectory be)
     (real / "loop").symlink_to(real)  # a cycle must not be walked forever
-    before = progress_signature([str(link)], limit=50)
+    before = progress_scan([str(link)], limit=50).signature
     assert any(entry[0].endswith("model.pt.tmp") for entry in before)
     with open(growing, "ab") as handle:
         handle.write(b"y")
-    assert progress_signature([str(link)], limit=50) != before
-    assert progress_signature([str(link)]) == progress_signature([str(link)])
+    assert progress_scan([str(link)], limit=50).signature != before
+    assert progress_scan([str(link)]).signature == progress_scan([str(link)]).signature
 
 
 def test_launcher_targets_and_order(children):
