@@ -185,9 +185,6 @@ def _generate_api():
         from datagen import generate as gen
     except ImportError as exc:
         raise DatagenError(f"the generate stage is not installed in this package: {exc}") from None
-    for name in ("settings_from_config", "run_generate", "read_status"):
-        if not hasattr(gen, name):
-            raise DatagenError(f"datagen.generate lacks {name}(); the package is incomplete")
     return gen
 
 
@@ -204,7 +201,7 @@ def run(stage: str, config_path: str, force: bool = False) -> Dict[str, Any]:
         stop = threading.Event()
         watcher = threading.Thread(
             target=_watch_first_answers, daemon=True,
-            args=(os.path.join(cfg.work_dir, getattr(gen, "GENERATE_PROGRESS", "generate.progress.json")),
+            args=(os.path.join(cfg.work_dir, gen.GENERATE_PROGRESS),
                   lambda: mark_ready(cfg.work_dir, "generate", "first responses written"), stop))
         watcher.start()
         try:
@@ -306,8 +303,8 @@ def _disk_full_line(stage: str, config_path: str) -> str:
 
 def _report_failure(stage: str, exc: Exception) -> int:
     """Exit status 1 and the message for a stage that failed; anything else is a bug (traceback)."""
-    # the generate side raises its own GenerateError; keep its message, no traceback
-    if isinstance(exc, DatagenError) or type(exc).__name__ == "GenerateError":
+    # every stage's own failure (GenerateError among them) is a DatagenError: its message, no traceback
+    if isinstance(exc, DatagenError):
         print(f"datagen {stage}: {exc}", file=sys.stderr)
         return 1
     raise exc

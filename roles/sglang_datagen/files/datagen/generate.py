@@ -35,12 +35,8 @@ from .gen.client import Engine, GenerateError
 from .gen.journal import AppendLog, DoneIndex, count_lines, iter_lines, parse_id, quarantine, repair_tail, scan_output
 from .gen.progress import Progress, RunLock, lock_held, read_json, summary_line
 from .gen.settings import ConfigError, GenerateSettings, settings_from_config
+from .paths import GENERATE_ERRORS, GENERATED, PROMPTS
 from .util import write_json
-
-try:
-    from .paths import GENERATE_ERRORS, GENERATED, PROMPTS
-except ImportError:  # pragma: no cover - before the package core's paths module exists
-    PROMPTS, GENERATED, GENERATE_ERRORS = "prompts.jsonl", "generated.jsonl", "generate.errors.jsonl"
 
 GENERATE_PROGRESS = "generate.progress.json"
 GENERATE_LOCK = "generate.lock"

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 import aiohttp
 
 from ..sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
-from ..util import write_json
+from ..util import DatagenError, write_json
 from .concurrency import LimitPolicy, WorkerLoad, all_empty, describe, initial_limit, next_limit, parse_loads
 from .fleet import FleetWatch, fleet_watch, parse_router_workers
 from .journal import AppendLog, DoneIndex
@@ -58,13 +58,7 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _loads = json.loads
 
 
-try:  # the package core's base error: its CLI prints the message and exits 1
-    from ..util import DatagenError as _Base
-except ImportError:  # pragma: no cover - before datagen.util exists
-    _Base = RuntimeError  # type: ignore[misc,assignment]
-
-
-class GenerateError(_Base):
+class GenerateError(DatagenError):
     """The run cannot go on (no server became ready, wrong model, a second run); the message says why."""
 
 

@@ -14,13 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
-try:  # the package core's error type; a local twin keeps this module importable on its own
-    from ..config import ConfigError
-except ImportError:  # pragma: no cover - only before datagen.config exists
-
-    class ConfigError(ValueError):  # type: ignore[no-redef]
-        """A config key is missing or has a bad value; the message names it."""
-
+from ..config import ConfigError
 
 # Sampling keys SGLang's OpenAI-compatible endpoint accepts, with the JSON type each must have.
 _NUM = (int, float)
