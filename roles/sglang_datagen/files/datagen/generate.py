@@ -33,10 +33,10 @@ from typing import Any, Dict, Iterator, Optional
 
 from .gen.client import Engine, GenerateError
 from .gen.journal import AppendLog, DoneIndex, count_lines, iter_lines, parse_id, quarantine, repair_tail, scan_output
-from .gen.progress import Progress, RunLock, lock_held, read_json, summary_line
+from .gen.progress import Progress, RunLock, lock_held, summary_line
 from .gen.settings import ConfigError, GenerateSettings, settings_from_config
 from .paths import GENERATE_ERRORS, GENERATED, PROMPTS
-from .util import write_json
+from .util import read_json, write_json
 
 GENERATE_PROGRESS = "generate.progress.json"
 GENERATE_LOCK = "generate.lock"
@@ -198,7 +198,8 @@ def read_status(work_dir: str) -> Dict[str, Any]:
     """
     lock_path = os.path.join(work_dir, GENERATE_LOCK)
     running = lock_held(lock_path)
-    status: Dict[str, Any] = read_json(os.path.join(work_dir, GENERATE_PROGRESS)) or {}
+    found = read_json(os.path.join(work_dir, GENERATE_PROGRESS))
+    status: Dict[str, Any] = found if isinstance(found, dict) else {}
     output_rows = count_lines(os.path.join(work_dir, GENERATED))
     if not status:
         prompts = os.path.join(work_dir, PROMPTS)

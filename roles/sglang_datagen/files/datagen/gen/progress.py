@@ -9,7 +9,6 @@ the file's age or its PID (PIDs get reused).
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import time
 from collections import deque
@@ -123,15 +122,6 @@ def fewer_workers(status: Dict[str, Any]) -> str:
         return ""
     missing = ", ".join(sorted(status.get("workers_missing") or {}))
     return f"only {serving}/{configured} workers serving (not serving: {missing})"
-
-
-def read_json(path: str) -> Optional[Dict[str, Any]]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 class RunLock:
