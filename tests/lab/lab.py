@@ -1287,7 +1287,12 @@ def stray_trainer_refs(vmid: str) -> list[dict]:
     for info in _proc.iter_processes():
         if _proc.container_vmid_from_cgroup(info.cgroup) != int(vmid):
             continue
-        if any(arg in scripts for arg in info.cmdline[:3]):
+        argv = info.cmdline
+        # run by python (never the `vi fake_trainer.py` decoy, which only has the script open): the trainer, its
+        # workers and a fake GPU holder (the script at argv[1], or [2] after -u), or torchrun running its job
+        python = bool(argv) and os.path.basename(argv[0]).startswith("python")
+        if python and (any(arg in scripts for arg in argv[1:3])
+                       or (len(argv) > 1 and argv[1].endswith("/torchrun") and TORCHRUN_SCRIPT in argv)):
             refs.append({"pid": info.pid, "starttime": info.starttime})
     return refs
 
