@@ -231,7 +231,9 @@ def node(tmp_path):
     stub = tmp_path / "systemctl"
     stub.write_text(STUB.format(python=sys.executable, log=str(tmp_path / "systemctl.log")))
     stub.chmod(0o755)
-    fake = FakeGpus(str(tmp_path), release_delay=0.3)
+    # a driver frees a dead process's memory a moment later (fakegpu's release_delay): long enough that the
+    # release's first sample, taken right after the stop however loaded the machine, still sees it
+    fake = FakeGpus(str(tmp_path), release_delay=3.0)
     yield {"lib": lib, "config": config, "work": work, "sha1": sha1, "stub": stub, "fake": fake,
            "log": tmp_path / "systemctl.log"}
     fake.close()
