@@ -43,6 +43,7 @@ from tests.support.restore import (
 )
 from tests.support.ssh import attach
 from tests.support.stop_faults import controller_running, read_lock
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(1500)]
 
@@ -89,7 +90,8 @@ def test_controller_killed_before_the_launch_then_a_plain_rerun_finishes_the_way
     serving = serving_units(status)
     if serving:
         attach(status, "systemctl", "start", "--no-block", SERVING)
-        assert active(status, SERVING) in ("active", "activating"), active(status, SERVING)
+        # --no-block: the start job is queued, not yet run (bounded wait until systemd takes it up)
+        wait_for(lambda: active(status, SERVING) in ("active", "activating"), 60, "%s started" % SERVING)
     figures.note("restore controller kill: serving before the restore",
                  "%s started" % SERVING if serving else "no serving units in the container (data half not deployed)")
 

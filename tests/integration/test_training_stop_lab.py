@@ -102,7 +102,10 @@ def twin(lab):
         if before != "running":
             ssh(lab, "pct", "start", DECOY_CT)
             wait_for(lambda: "running" in ssh(lab, "pct", "status", DECOY_CT).stdout, 60, f"CT{DECOY_CT} running")
-        ssh(lab, "pct", "exec", DECOY_CT, "--", "mkdir", "-p", "/opt/lab/trainer", "/root/dflash/checkpoints")
+        ssh(lab, "pct", "exec", DECOY_CT, "--", "mkdir", "-p", "/opt/lab/trainer", "/root/dflash/checkpoints",
+            "/root/dflash/data")
+        # the command's --data must exist (the lab's trainer_command names its TRAINER_DATA)
+        ssh(lab, "pct", "exec", DECOY_CT, "--", "touch", "/root/dflash/data/train-v1.jsonl")
         ssh(lab, "pct", "push", DECOY_CT, TRAINER, "/opt/lab/trainer/fake_trainer.py")
         # the same argv; only the environment differs (private fake GPUs inside CT201)
         script = ("export FAKEGPU_DIR=/tmp/fakegpu-ct201; python3 /opt/lab/fakegpu/fakegpu.py init --count 8 >/dev/null;"

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.support.ct200 import lock_holder, trainer_pids
-from tests.support.datagen import CONVERGE, INSTALL_TASK, LAB_VARS_FILE, free_gpus
+from tests.support.datagen import CONVERGE, INSTALL_TASK, LAB_VARS_FILE, free_gpus, reset_pipeline
 from tests.support.lab import MAIN_CT, NOSUDO_USER, trainer
 from tests.support.paths import FAKEGPU_DIR, LAB_INVENTORY
 from tests.support.playbook import run_playbook
@@ -279,6 +279,8 @@ def test_a_serving_port_another_program_holds_is_refused_before_the_training_is_
 def test_the_data_half_alone_refuses_gpus_the_training_holds(running_trainer, check):
     """``--tags sglang_datagen`` while the training still runs: the workers would start beside it (and the play
     reported success). Refused naming the holders, before anything is installed; a dry run says it would be."""
+    # a job still to serve: a finished one (an earlier test's) needs no GPU and serves nothing whatever holds them
+    reset_pipeline(running_trainer)
     before = trainer_pids(running_trainer)
     rc, out = play(WITH_DATAGEN, "--tags", "sglang_datagen", *(["--check"] if check else []))
     text = flat(out)
