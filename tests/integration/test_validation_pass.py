@@ -254,6 +254,8 @@ def test_a_serving_port_another_program_holds_is_refused_before_the_training_is_
     """A program in CT200 already listens on worker 3's port: SGLang worker 3 would crash-loop on "address already
     in use" after the training was stopped. Named with its holder; the role's own workers on their ports (a
     re-run) are not a problem, which the lab's other data-half runs show."""
+    # a job still to serve: a finished one (an earlier test's) serves nothing, so no port of it can clash
+    reset_pipeline(running_trainer)
     before = trainer_pids(running_trainer)
     # the role's own workers (an earlier test's) hold their ports: stopped, so that the squatter gets 31003
     ct(running_trainer, "systemctl", "stop", "sglang-datagen.target", "datagen-pipeline.service", check=False)

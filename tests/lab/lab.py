@@ -1283,9 +1283,21 @@ def stray_trainer_refs(vmid: str) -> list[dict]:
     """Processes in container VMID running the lab's trainers or a fake GPU holder that the lab did not record:
     a job the way back (restore_training) started again, its ranks left behind, a `fakegpu.py hold` of a killed test."""
     scripts = (TRAINER_SCRIPT, TORCHRUN_SCRIPT, CT_LAB + "/fakegpu/fakegpu.py")
+    init = ct_init_pid(vmid) if ct_state(vmid) == "running" else None
+    if init is None:
+        return []
+    # this lab's container only: its init's PID namespace (a cgroup path names a VMID that another lab on this
+    # machine, a clean room's, uses too)
+    try:
+        pidns = os.readlink("/proc/%d/ns/pid" % init)
+    except OSError:
+        return []
     refs = []
     for info in _proc.iter_processes():
-        if _proc.container_vmid_from_cgroup(info.cgroup) != int(vmid):
+        try:
+            if os.readlink("/proc/%d/ns/pid" % info.pid) != pidns:
+                continue
+        except OSError:
             continue
         argv = info.cmdline
         # run by python (never the `vi fake_trainer.py` decoy, which only has the script open): the trainer, its
