@@ -1194,6 +1194,24 @@ def tmux(vmid: str, *args: str, check: bool = True, timeout: float = 20) -> subp
     return ct_exec(vmid, ["tmux", *args], timeout=timeout, check=check)
 
 
+def kill_tmux_server(vmid: str, timeout: float = 10) -> None:
+    """End the container's tmux server and wait until it is gone.
+
+    `kill-server` returns once the server has the request, not once it has exited: a `new-session` in
+    that gap reaches the dying server and fails with "server exited unexpectedly". Gone is when a client
+    can no longer reach it ("no server running" / "error connecting").
+    """
+    tmux(vmid, "kill-server", check=False)
+    deadline = Deadline(timeout)
+    while not deadline.expired():
+        res = tmux(vmid, "list-sessions", check=False)
+        err = res.stderr.decode(errors="replace")
+        if res.returncode != 0 and ("no server running" in err or "error connecting" in err):
+            return
+        time.sleep(0.1)
+    raise LabError("CT%s's tmux server was still up %.0f s after kill-server" % (vmid, timeout))
+
+
 def has_session(vmid: str, name: str) -> bool:
     return tmux(vmid, "has-session", "-t", "=" + name, check=False).returncode == 0
 
@@ -1436,7 +1454,7 @@ def start_trainer(state: dict, behaviour: str, timeout: float = 60, vmid: str = 
         # torchrun: the job's session must start the server (which then keeps its command line), as on
         # the incident's node. Any other behaviour: back to the baseline server that 'up' starts. Only
         # the lab's own server in CT200 ends here; the decoy sessions are recreated on the new one.
-        tmux(vmid, "kill-server", check=False)
+        kill_tmux_server(vmid)
         slot.pop("tmux_server", None)
     ckpt = TORCHRUN_CKPT if behaviour == TORCHRUN else TRAINER_CKPT
     os.makedirs(os.path.join(rootfs, ckpt.lstrip("/")), exist_ok=True)
