@@ -8,9 +8,11 @@ DOCUMENTATION = r"""
 name: fleet_notes
 type: notification
 short_description: Say what an interrupted or unreachable repurpose run leaves behind
-version_added: 0.1.0
+version_added: 1.0.0
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
+requirements:
+  - Nothing beyond ansible-core; runs on the controller (enable it in C(ansible.cfg), C(callbacks_enabled)).
 description:
   - Two things the plays themselves cannot print, for C(playbooks/repurpose_ct200.yml) and the other playbooks of
     the collection.

@@ -7,9 +7,9 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: pct_ssh
 short_description: Run tasks inside a Proxmox VE LXC container through C(pct exec) over SSH
-version_added: 0.1.0
+version_added: 1.0.0
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
 description:
   - Connects with paramiko to the Proxmox VE host that runs the container and runs every command
     as C(pct exec VMID -- /bin/sh -c CMD), so any module (M(ansible.builtin.template), M(ansible.builtin.pip),

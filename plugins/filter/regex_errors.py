@@ -12,9 +12,11 @@ from ansible.errors import AnsibleFilterError
 
 DOCUMENTATION = r"""
 name: regex_errors
-version_added: 0.1.0
+version_added: 1.0.0
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
+requirements:
+  - Nothing beyond ansible-core; runs on the controller.
 short_description: Say which regular expressions do not compile, naming the variable and the fix
 description:
   - Compiles every pattern with Python's C(re), as the modules do on the target, on the controller before anything

@@ -11,9 +11,11 @@ from ansible.errors import AnsibleFilterError
 
 DOCUMENTATION = r"""
 name: unknown_variables
-version_added: 0.1.0
+version_added: 1.0.0
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
+requirements:
+  - Nothing beyond ansible-core; runs on the controller.
 short_description: Name the variables a role does not know, suggesting the one that was probably meant
 description:
   - Compares the variable names given (usually the host's variables that start with the role's prefix) with the

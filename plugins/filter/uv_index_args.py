@@ -11,9 +11,11 @@ from ansible.errors import AnsibleFilterError
 
 DOCUMENTATION = r"""
 name: uv_index_args
-version_added: 0.1.0
+version_added: 1.0.0
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
+requirements:
+  - Nothing beyond ansible-core; runs on the controller.
 short_description: Turn pip's index configuration into the same options for C(uv pip install)
 description:
   - C(uv) does not read C(pip.conf) or C(PIP_*) variables, so on a node with a package mirror configured for pip,

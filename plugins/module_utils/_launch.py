@@ -234,8 +234,8 @@ def launch_plan(argv: t.Sequence[str], cwd: str, session: str, window: str, env:
     else:
         target = "=%s:" % session
         create = ["new-session", "-d", "-P", "-F", NEW_PANE_FORMAT, "-s", tmux_arg(session)]
-    return (tmux_prefix(run_as, socket) + create + options + command
-            + [";", "set-option", "-w", "-t", tmux_arg(target), "remain-on-exit", "on"])
+    keep_pane = [";", "set-option", "-w", "-t", tmux_arg(target), "remain-on-exit", "on"]
+    return tmux_prefix(run_as, socket) + create + options + command + keep_pane
 
 
 def plan_lines(command: t.Sequence[str], run_as: str | None, what: str) -> list[str]:

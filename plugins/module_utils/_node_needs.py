@@ -86,10 +86,10 @@ def node_problems(facts: t.Mapping[str, t.Any], cuda_major: t.Optional[int], gli
     if glibc:
         problems.append(glibc_problem(facts.get("glibc_version", ""), glibc))
     if python_path:
+        no_venv = None if facts.get("python_venv") else "%s cannot create a venv (%s)" % (
+            python_path, facts.get("python_error") or "no venv or ensurepip module")
         problems.append(python_problem(facts.get("python_version", ""), python_min, python_max, python_path,
-                                       facts.get("python_error", ""))
-                        or (None if facts.get("python_venv") else "%s cannot create a venv (%s)" % (
-                            python_path, facts.get("python_error") or "no venv or ensurepip module")))
+                                       facts.get("python_error", "")) or no_venv)
     return [problem for problem in problems if problem]
 
 

@@ -414,8 +414,9 @@ def classify_failure(stderr: str) -> t.Optional[str]:
         return FAIL_PCT_NOT_FOUND
     # pct as a user pmxcfs refuses: its IPC fails before anything else (pve-cluster pmxcfs server.c, then
     # pve-access-control RPCEnvironment init_request); a www-data member gets pve-common's "please run as root"
-    if ("must be root" in low or "only root can" in low or "please run as root" in low or "ipcc_send_rec" in low
-            or "unable to load access control list" in low or "permission denied" in low and "pct" in low):
+    root_only = ("must be root", "only root can", "please run as root", "ipcc_send_rec",
+                 "unable to load access control list")
+    if any(phrase in low for phrase in root_only) or ("permission denied" in low and "pct" in low):
         return FAIL_NOT_ROOT
     return None
 

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: gpu_free_wait
 short_description: Wait until NVIDIA GPU memory is released, or name the processes holding it
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Samples the memory of the selected NVIDIA GPUs until every one of them is at or under O(max_used_mib)
     for O(stable_for) consecutive samples, or O(timeout) passes.
@@ -25,7 +25,7 @@ description:
   - It never signals or changes anything. On timeout it fails and names every holder so an operator (or
     M(gpuops.repurpose.training_stop)) can act.
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
 options:
   gpus:
     description:

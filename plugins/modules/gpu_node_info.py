@@ -8,9 +8,9 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: gpu_node_info
 short_description: Read a GPU node's GPUs, driver, glibc, Python, disk, model and ports, and say what it misses
-version_added: 0.1.0
+version_added: 1.0.0
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
 description:
   - Reads, without changing anything, what decides whether a CUDA build can run on the node. The GPUs and the
     NVIDIA driver version (through C(nvidia-smi), bounded by O(timeout)); the glibc the module's interpreter runs

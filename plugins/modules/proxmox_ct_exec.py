@@ -8,9 +8,9 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: proxmox_ct_exec
 short_description: Run one command inside a Proxmox VE LXC container with C(pct exec)
-version_added: 0.1.0
+version_added: 1.0.0
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
 description:
   - Runs on the Proxmox VE host (its own ordinary connection) and executes one command inside container O(vmid)
     through C(pct exec), the way M(community.docker.docker_container_exec) does for Docker.

@@ -8,9 +8,9 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: proxmox_ct_power
 short_description: Query, start, stop, shut down or reboot a Proxmox VE LXC container with C(pct)
-version_added: 0.1.0
+version_added: 1.0.0
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
 description:
   - Runs on the Proxmox VE host and runs one of C(pct status), C(pct start), C(pct stop), C(pct shutdown) or
     C(pct reboot) for container O(vmid), built by the same command builder as

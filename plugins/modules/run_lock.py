@@ -8,9 +8,9 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: run_lock
 short_description: Take, release or read a run lock on the target, so two runs of a play cannot interleave
-version_added: 0.1.0
+version_added: 1.0.0
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
 description:
   - A lock file on the target (JSON) names the run that holds it, so two runs of the same play (two AWX jobs,
     two operators) cannot interleave on one host or container. A play takes it in one task

@@ -36,7 +36,7 @@ description:
   - Needs only the Python standard library on the target, and C(tmux) 3.0 or later (3.2 to create a session with an
     environment); C(runuser) (util-linux) to start the job as another user than the module's.
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.repurpose.attributes
   - gpuops.repurpose.attributes.PLATFORM

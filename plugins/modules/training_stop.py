@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: training_stop
 short_description: Stop a training job with a bounded stop-verify-kill ladder
-version_added: 0.1.0
+version_added: 1.0.0
 description:
   - Selects one training job (a torchrun-like launcher and all its workers) and stops it by climbing a
     ladder of signals, judging every rung only by whether the processes have exited.
@@ -30,7 +30,7 @@ description:
   - Runs inside the container (for example through P(gpuops.repurpose.pct_ssh#connection)) or on the Proxmox VE
     host scoped with O(container). Needs only the Python standard library on the target.
 author:
-  - gpuops.repurpose contributors (!UNKNOWN)
+  - gpuops.repurpose maintainers (@gpuops)
 extends_documentation_fragment:
   - gpuops.repurpose.attributes
   - gpuops.repurpose.attributes.PLATFORM
@@ -221,7 +221,6 @@ options:
     type: list
     elements: str
     default: ['*']
-    version_added: 1.0.0
   record_dir:
     description:
       - Directory of the launch records (created root-only, mode 0700). When the ladder stops a job found through
@@ -233,7 +232,6 @@ options:
       - Empty string to write no record.
     type: str
     default: /var/lib/gpuops/launch
-    version_added: 1.0.0
   record_env:
     description:
       - Names (or shell-style patterns) of environment variables of the launcher to keep in the launch record, on
@@ -244,7 +242,6 @@ options:
     type: list
     elements: str
     default: []
-    version_added: 1.0.0
   lock_dir:
     description:
       - Directory of the run lock and of the last ladder's record (created when missing). One ladder at a time per
@@ -435,7 +432,6 @@ checkpoint:
       modification time (one job's steps only grow).
   returned: always
   type: dict
-  version_added: 1.0.0
   sample: {path: /data/ckpt/dflash/ckpt-step000700.pt, whole: true, kind: torch-zip, why: "", step: 700,
            mtime: 1767225600.5, size: 1048576}
 checkpoint_skipped:
@@ -443,14 +439,12 @@ checkpoint_skipped:
   returned: always
   type: list
   elements: dict
-  version_added: 1.0.0
   sample: [{path: /data/ckpt/dflash/ckpt-step000710.pt, whole: false, kind: torch-zip, step: 710,
             why: "truncated: no zip end record at the end of the file (524288 bytes)"}]
 launch_record:
   description: The launch record this run wrote (see O(record_dir)), with its C(path); null when it wrote none.
   returned: always
   type: dict
-  version_added: 1.0.0
   sample: {path: /var/lib/gpuops/launch/dflash.json, tmux_session: dflash, tmux_window: train,
            argv: [torchrun, --nproc-per-node, "8", train.py, --data, /data/train.jsonl], cwd: /root/dflash,
            user: root, uid: 0, env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7"}, step_line: "step 700 | loss 1.23",

@@ -22,9 +22,9 @@ its lab uses the README's 127.0.0.1:2222, /var/lib/gpuops-lab and containers
 would give come from caches built here (in /var/cache/gpuops-cleanroom, keyed
 by their inputs, reused by the next run): a file apt repository with the .debs
 scripts/setup installs (resolved against the rootfs), a wheelhouse of
-requirements.txt (the clean room's /etc/pip.conf points pip at it, no index),
-and the host's debootstrap cache, bind-mounted read-only where the inner lab
-looks for it. Not covered: the datagen half (pip installs from PyPI inside
+requirements.txt and requirements-importer.txt (the clean room's /etc/pip.conf
+points pip at it, no index), and the host's debootstrap cache, bind-mounted
+read-only where the inner lab looks for it. Not covered: the datagen half (pip installs from PyPI inside
 CT200) and ./scripts/test (45 minutes).
 
 PID 1 is a plain process (no systemd), as on this CI machine; cgroups are
@@ -204,10 +204,14 @@ def apt_repo(rootfs: str, packages: list[str]) -> str:
     return publish(tmp, final)
 
 
+# The requirements files scripts/setup installs, each into a venv of its own.
+REQUIREMENTS = ("requirements.txt", "requirements-importer.txt")
+
+
 def wheelhouse() -> str:
-    """Wheels of requirements.txt (plus pip, setuptools, wheel), built with this checkout's venv."""
-    reqs = read_text(ROOT, "requirements.txt")
-    final = os.path.join(CACHE, "wheels-" + key_of(reqs, "cp311"))
+    """Wheels of every REQUIREMENTS file (plus pip, setuptools, wheel), built with this checkout's venv."""
+    reqs = [read_text(ROOT, name) for name in REQUIREMENTS]
+    final = os.path.join(CACHE, "wheels-" + key_of(*reqs, "cp311"))
     if os.path.exists(os.path.join(final, ".complete")):
         return final
     pip = os.path.join(ROOT, ".venv", "bin", "pip")
@@ -217,8 +221,10 @@ def wheelhouse() -> str:
     tmp = final + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    run([pip, "wheel", "-q", "-w", tmp, "-r", os.path.join(ROOT, "requirements.txt"), "pip", "setuptools", "wheel"],
-        timeout=1800)
+    # one `pip wheel` per file: their pins conflict (attrs), and each venv resolves only its own file's wheels
+    for name in REQUIREMENTS:
+        run([pip, "wheel", "-q", "-w", tmp, "-r", os.path.join(ROOT, name), "pip", "setuptools", "wheel"],
+            timeout=1800)
     return publish(tmp, final)
 
 

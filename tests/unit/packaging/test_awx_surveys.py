@@ -5,12 +5,15 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from tests.support.surveys import SELECTION, SurveyError, rendered, survey
+from tests.support.surveys import SELECTION, VARIABLES_DOC, SurveyError, rendered, survey, written_files
 
 CHOSEN = yaml.safe_load(SELECTION.read_text(encoding="utf-8"))
 
@@ -66,3 +69,34 @@ def test_a_listed_variable_that_no_role_has_and_a_list_in_the_survey_fail(tmp_pa
     chosen["survey"].append("restore_training_gpus")
     with pytest.raises(SurveyError, match="restore_training_gpus is a list: a survey passes text"):
         survey("restore_training", chosen, root)
+
+
+AWX_EXAMPLE = ROOT / "examples" / "awx" / "configure_awx.yml"
+
+
+def test_the_awx_example_configures_what_the_surveys_and_playbooks_name(tmp_path):
+    """examples/awx/configure_awx.yml: a valid playbook (ansible-lint checks its awx.awx arguments) whose job
+    templates run the collection's playbooks with the committed surveys, and whose workflow runs those templates."""
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ansible-playbook")), "--syntax-check", str(AWX_EXAMPLE),
+         "-e", "awx_pveops_key_file=/dev/null"], capture_output=True, text=True, check=False, cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    tasks = {task["name"]: task for task in yaml.safe_load(AWX_EXAMPLE.read_text(encoding="utf-8"))[0]["tasks"]}
+    templates = tasks["Create the job templates, each with its survey"]["loop"]
+    assert {(ROOT / t["playbook"]).is_file() and (ROOT / "awx" / t["survey"]).is_file() for t in templates} == {True}
+    assert sorted(t["survey"] for t in templates) == sorted(path.name for path in rendered())
+    nodes = tasks["Create the workflow repurpose, wait for the generation, restore"]["awx.awx.workflow_job_template"]
+    run = [n["unified_job_template"]["name"] for n in nodes["workflow_nodes"]
+           if n["unified_job_template"]["type"] == "job_template"]
+    assert run == [t["name"] for t in templates]
+
+
+def test_the_variables_page_is_current_and_lists_every_variable_of_each_template():
+    page = ROOT / VARIABLES_DOC
+    assert page.read_text(encoding="utf-8") == written_files()[page], "run scripts/awx-surveys"
+    text = page.read_text(encoding="utf-8")
+    for chosen in CHOSEN.values():
+        names = [var["variable"] for var in chosen.get("play_vars", [])]
+        names += list(chosen.get("survey", [])) + list(chosen.get("left_out", []))
+        assert not [name for name in names if "   * - ``%s``\n" % name not in text]

@@ -26,11 +26,12 @@ from tests.support import built_collection as bc
 DEV_ONLY = (
     "tests/", "scripts/", "extensions/", ".ci/", ".collections/", "collections/", "inventories/lab/",
     ".ansible-lint", ".gitignore", "ansible.cfg", "pyproject.toml", "requirements.txt", "execution-environment.yml",
+    "requirements-importer.txt", "examples/awx/",
 )
 # What a user of the installed collection runs and reads: every checkout file under these ships.
 USER_CONTENT = (
     "plugins/", "roles/", "playbooks/", "meta/", "inventories/ct200/", "changelogs/",
-    "README.md", "LICENSE", "LICENSES/",
+    "README.md", "CHANGELOG.rst", "LICENSE", "LICENSES/", "docs/docsite/", "awx/", "examples/pve-host/",
 )
 NESTED = "roles/sglang_datagen/files/datagen"
 
