@@ -42,8 +42,8 @@ import sys
 import textwrap
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+from tests.support.paths import ROOT
+
 MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.training_stop"
 
 TREE = textwrap.dedent("""

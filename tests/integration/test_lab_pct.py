@@ -13,8 +13,9 @@ import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PCT = os.path.join(ROOT, "tests", "lab", "pct")
+from tests.support.paths import LAB_DIR
+
+PCT = str(LAB_DIR / "pct")
 NODE = socket.gethostname().split(".")[0]
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="pct refuses non-root callers, as the real one")

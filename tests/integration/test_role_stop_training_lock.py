@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._lock import acquire, controller_identity
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = Path(sys.executable).parent / "ansible"
 
 

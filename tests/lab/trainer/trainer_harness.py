@@ -266,17 +266,18 @@ def module_env() -> dict[str, str]:
 
 
 def run_module(args: dict, check_mode: bool = False, diff: bool = False, timeout: float = 120,
-               prefix: list[str] | None = None) -> dict:
+               prefix: list[str] | None = None, module: str | None = None) -> dict:
     """Run the real module in its own process (as AnsiballZ would) and return its JSON result.
 
-    ``prefix`` wraps the interpreter (e.g. ``setpriv ...`` to run it with fewer privileges).
+    ``prefix`` wraps the interpreter (e.g. ``setpriv ...`` to run it with fewer privileges); ``module`` is the
+    module's import name (default :data:`MODULE`, ``training_stop``; tests/support/module.py names the others).
     """
     payload = dict(args)
     if check_mode:
         payload["_ansible_check_mode"] = True
     if diff:
         payload["_ansible_diff"] = True
-    done = subprocess.run(list(prefix or []) + [PYTHON, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": payload})],
+    done = subprocess.run(list(prefix or []) + [PYTHON, "-m", module or MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": payload})],
                           capture_output=True, text=True, timeout=timeout, env=module_env(), cwd=ROOT,
                           stdin=subprocess.DEVNULL, check=False)
     try:

@@ -9,6 +9,7 @@ import yaml
 
 from datagen.config import ConfigError, load_config, validate
 from tests.support import datagen_rows as fx
+from tests.support.paths import DATAGEN_FILES
 
 
 def errors_of(tmp_path, sources=None, **top):
@@ -100,8 +101,7 @@ def test_generate_section_passes_through(tmp_path):
 
 
 def test_example_config_is_valid_apart_from_missing_files():
-    here = os.path.dirname(os.path.abspath(__file__))
-    example = os.path.join(here, "..", "..", "..", "roles", "sglang_datagen", "files", "datagen.example.yml")
+    example = str(DATAGEN_FILES / "datagen.example.yml")
     with open(example) as fh:
         raw = yaml.safe_load(fh)
     cfg = validate(raw, example, check_inputs=False)
@@ -111,8 +111,7 @@ def test_example_config_is_valid_apart_from_missing_files():
 def test_example_config_generate_side_accepts_it():
     from datagen.generate import settings_from_config
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    example = os.path.join(here, "..", "..", "..", "roles", "sglang_datagen", "files", "datagen.example.yml")
+    example = str(DATAGEN_FILES / "datagen.example.yml")
     with open(example) as fh:
         settings = settings_from_config(yaml.safe_load(fh))
     assert settings is not None

@@ -18,10 +18,10 @@ from harness import StandinProcess
 
 from datagen.generate import GenerateError, read_status, run_generate, settings_from_config
 from tests.support.net import free_port
+from tests.support.paths import DATAGEN_FILES
 from tests.support.wait import wait_for
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-FILES = os.path.join(ROOT, "roles", "sglang_datagen", "files")
+FILES = str(DATAGEN_FILES)
 
 MODEL = "lab-model"
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather now.",

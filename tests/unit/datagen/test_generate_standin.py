@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -10,8 +9,6 @@ import pytest
 from harness import STANDIN, StandinProcess
 
 from tests.support.net import http
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def post(url: str, body: dict) -> dict:

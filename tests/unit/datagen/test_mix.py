@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,9 @@ from datagen.existing import categories_from_labels
 from datagen.mix import mix_findings, source_categories
 from datagen.prepare import run_prepare
 from tests.support import datagen_rows as fx
+from tests.support.paths import DATAGEN_FILES
 
-LABELS = Path(__file__).resolve().parents[3] / "roles" / "sglang_datagen" / "files" / "existing_labels.py"
+LABELS = DATAGEN_FILES / "existing_labels.py"
 
 
 def test_source_categories_come_from_the_config_the_adapter_or_its_per_row_choice(tmp_path):

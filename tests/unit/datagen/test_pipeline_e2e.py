@@ -5,7 +5,6 @@ once; tool and agent rows survive every stage; every tokenized row is exactly th
 from __future__ import annotations
 
 import json
-import os
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,8 +12,6 @@ from harness import StandinProcess
 
 from tests.support import datagen_rows as fx
 from tests.support.datagen_rows import run_cli as datagen
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ and the workers' response-level token ids come back through it."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from harness import RouterProcess, StandinProcess
@@ -15,7 +14,6 @@ from tests.support.net import HttpReply, http
 
 pytest.importorskip("sglang_router", reason="the real sglang-router (requirements.txt) is not installed")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 MESSAGES = [
     {"role": "system", "content": "You are an agent."},

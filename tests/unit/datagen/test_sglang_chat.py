@@ -12,7 +12,6 @@ from standin import sglang_template_inputs
 from datagen.sglang_chat import TOKEN_ID_FLAGS, template_inputs, token_ids_from_response
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
 SGLANG = json.load(open(os.path.join(HERE, "fixtures", "sglang_chat.json")))
 CASES = sorted(SGLANG["template_inputs"])

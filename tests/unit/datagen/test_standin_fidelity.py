@@ -26,6 +26,7 @@ from standin import QUEUE_FULL, build_parser, merge_config
 from datagen.generate import run_generate, settings_from_config
 from tests.support.net import http
 from tests.support.paths import DATAGEN_FILES
+from tests.support.wait import wait_for
 
 ERROR_KEYS = {"object", "message", "type", "param", "code"}  # entrypoints/openai/protocol.py ErrorResponse
 # 40 tokens + the stop token, 0.05 s each: two seconds in the model
@@ -52,13 +53,6 @@ def timed_get(url: str) -> Tuple[int, float]:
     return status, time.monotonic() - t0
 
 
-def wait_until(predicate, timeout: float = 10.0, what: str = "the condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
-        time.sleep(0.02)
-
-
 @pytest.fixture(scope="module")
 def worker():
     with StandinProcess(["--context-length", "200"], model="m") as s:
@@ -81,9 +75,9 @@ def test_health_is_503_while_draining_after_sigterm_and_the_request_in_flight_fi
         t = threading.Thread(target=lambda: results.append(post(s.url + "/v1/chat/completions",
                                                                 chat_body(max_tokens=64))[::2]))
         t.start()
-        wait_until(lambda: s.metrics()["sglang:num_running_reqs"] >= 1, what="the request in the model")
+        wait_for(lambda: s.metrics()["sglang:num_running_reqs"] >= 1, 10, "the request in the model", interval=0.02)
         s.proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: http(s.url + "/health", timeout=5).status == 503, what="503 after SIGTERM")
+        wait_for(lambda: http(s.url + "/health", timeout=5).status == 503, 10, "503 after SIGTERM", interval=0.02)
         assert http(s.url + "/health_generate", timeout=5).status == 503
         assert http(s.url + "/ready", timeout=5).status == 503
         t.join(timeout=20)
@@ -349,7 +343,7 @@ def test_the_roles_launcher_redacts_the_key_the_worker_logs(tmp_path):
                              "--port", "0", "--port-file", str(port_file)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        wait_until(port_file.exists, what="the worker listening")
+        wait_for(port_file.exists, 10, "the worker listening", interval=0.02)
         url = f"http://127.0.0.1:{int(port_file.read_text())}"
         assert http(url + "/v1/models", timeout=5).status == 401
         assert http(url + "/v1/chat/completions", key=key, body=chat_body(), timeout=10).status == 200

@@ -13,8 +13,7 @@ import pytest
 from harness import STANDIN, RouterProcess, StandinProcess
 
 from tests.support.net import http
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support.paths import ROOT
 
 BUILDER = os.path.join(ROOT, "tests", "lab", "tokenizer", "build_tokenizer.py")
 LAB_TOKENIZER = os.path.join(ROOT, "tests", "lab", "tokenizer", "lab-tokenizer")

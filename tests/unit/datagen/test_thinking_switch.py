@@ -23,9 +23,9 @@ import yaml
 from datagen.config import ConfigError
 from datagen.gen.settings import settings_from_config
 from datagen.tokenize import template_kwargs
+from tests.support.paths import ROOT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 FAMILIES = yaml.safe_load(open(os.path.join(ROOT, "roles", "sglang_datagen", "defaults", "main.yml")))[
     "sglang_datagen_parser_families"]
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]

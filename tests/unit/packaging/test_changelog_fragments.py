@@ -27,7 +27,8 @@ import pytest
 import yaml
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.paths import ROOT
+
 FRAGMENTS = sorted((ROOT / "changelogs" / "fragments").glob("*.y*ml"))
 CONFIG = yaml.safe_load((ROOT / "changelogs" / "config.yaml").read_text())
 RELEASES = yaml.safe_load((ROOT / "changelogs" / "changelog.yaml").read_text()).get("releases") or {}

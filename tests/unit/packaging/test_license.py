@@ -12,7 +12,8 @@ import subprocess
 
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests.support.paths import ROOT
+
 SPDX = re.compile(r"SPDX-License-Identifier:\s*([A-Za-z0-9.+-]+)")
 CITED = re.compile(r"\(see (LICENSES/[^ )]+)")
 

@@ -12,15 +12,14 @@ import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Optional
 
 import yaml
 from harness import RouterProcess, StandinProcess
 
 from tests.support.net import http
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 DEFAULTS = ROOT / "roles" / "sglang_datagen" / "defaults" / "main.yml"
 
 

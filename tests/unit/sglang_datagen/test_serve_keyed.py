@@ -13,9 +13,9 @@ import pytest
 from harness import StandinProcess, free_ports
 
 from tests.support.net import http
+from tests.support.paths import ROOT
 from tests.support.wait import wait_for
 
-ROOT = Path(__file__).resolve().parents[3]
 LAUNCHER = ROOT / "roles" / "sglang_datagen" / "files" / "serve_keyed.py"
 KEY = "k3y-Zm9vYmFyYmF6cXV4LXRoaXMtaXMtbm90LXJlYWw"
 

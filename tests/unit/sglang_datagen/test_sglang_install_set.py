@@ -24,7 +24,8 @@ from typing import Dict, List
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.paths import ROOT
+
 ROLE = ROOT / "roles" / "sglang_datagen"
 REQUIREMENTS = ROLE / "files" / "requirements-datagen.txt"
 INDEX = "https://pypi.org/simple"

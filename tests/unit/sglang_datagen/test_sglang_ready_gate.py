@@ -6,13 +6,12 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from harness import RouterProcess, StandinProcess
 
 from tests.support.net import http
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[3]
 GATE = ROOT / "roles" / "sglang_datagen" / "files" / "ready_gate.py"
 
 

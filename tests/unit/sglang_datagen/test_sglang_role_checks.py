@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from fakegpu_harness import NVIDIA_SMI, FakeGpus
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.paths import ROOT
+
 BIN = Path(sys.executable).parent
 # a model directory with the files the validation pass looks for (config, tokenizer, weights)
 MODEL = str(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-8B")

@@ -18,7 +18,6 @@ from tests.support.inventory import write_inventory
 from tests.support.net import free_port
 from tests.support.playbook import ansible_env, run_playbook
 
-ROOT = str(paths.ROOT)
 BIN = str(paths.BIN)
 
 
@@ -72,7 +71,7 @@ def test_each_bad_input_has_its_message(results, case):
 def test_documented_defaults():
     out = subprocess.run(
         [os.path.join(BIN, "ansible-doc"), "-t", "connection", "--json", "gpuops.repurpose.pct_ssh"],
-        cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
+        cwd=paths.ROOT, capture_output=True, text=True, check=True, timeout=60,
     ).stdout
     opts = json.loads(out)["gpuops.repurpose.pct_ssh"]["doc"]["options"]
     assert opts["host_key_checking"]["default"] is True
@@ -92,7 +91,7 @@ def test_host_login_is_not_ansibles_remote_user():
     """
     out = subprocess.run(
         [os.path.join(BIN, "ansible-doc"), "-t", "connection", "--json", "gpuops.repurpose.pct_ssh"],
-        cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,
+        cwd=paths.ROOT, capture_output=True, text=True, check=True, timeout=60,
     ).stdout
     opts = json.loads(out)["gpuops.repurpose.pct_ssh"]["doc"]["options"]
     assert "remote_user" not in opts

@@ -18,7 +18,6 @@ from tests.support.inventory import write_inventory
 from tests.support.net import free_port
 from tests.support.playbook import run_playbook
 
-ROOT = str(paths.ROOT)
 BIN = str(paths.BIN)
 
 
@@ -28,7 +27,7 @@ def _doc_vars(documentation: str) -> dict:
 
 
 def _pct_ssh_doc() -> str:
-    src = open(os.path.join(ROOT, "plugins", "connection", "pct_ssh.py"), encoding="utf-8").read()
+    src = open(os.path.join(paths.ROOT, "plugins", "connection", "pct_ssh.py"), encoding="utf-8").read()
     start = src.index('DOCUMENTATION = r"""') + len('DOCUMENTATION = r"""')
     return src[start : src.index('"""', start)]
 

@@ -17,8 +17,8 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpuops.repurpose.plugins.filter.regex_errors import regex_errors
 from ansible_collections.gpuops.repurpose.plugins.filter.unknown_variables import unknown_variables
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[4]
 KNOWN = ["stop_training_tmux_session", "stop_training_match", "stop_training_exclude", "stop_training_vmid"]
 
 

@@ -40,6 +40,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
     tmux_capture_argv,
     tmux_list_panes_argv,
 )
+from tests.support.paths import ROOT
 
 PVE_CT200 = "0::/lxc/200/ns/user.slice\n"
 PVE_CT201 = "0::/lxc/201/ns/user.slice\n"
@@ -317,7 +318,7 @@ OLD_ROLE_REGEX = r"(^|[/\s])torchrun(\s|$)|-m\s+torch\.distributed\.(run|launch)
 
 
 def _role_default_match():
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "roles", "stop_training", "defaults", "main.yml")
+    path = os.path.join(ROOT, "roles", "stop_training", "defaults", "main.yml")
     import yaml
     with open(path) as handle:
         return yaml.safe_load(handle)["stop_training_match"]

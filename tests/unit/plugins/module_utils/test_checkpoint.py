@@ -25,10 +25,10 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint impor
     scan_checkpoints,
     step_from_name,
 )
+from tests.support.paths import ROOT
 
 NOW = 1_700_000_000.0
 OLD = NOW - 600  # settled long ago
-REPO = Path(__file__).resolve().parents[4]
 
 
 def settle(path, mtime=OLD):
@@ -634,7 +634,7 @@ def test_verdict_as_dict():
 def torch_python() -> str | None:
     if importlib.util.find_spec("torch") is not None:
         return sys.executable
-    script = REPO / "tests" / "lab" / "torchrun_job" / "torch-venv"
+    script = ROOT / "tests" / "lab" / "torchrun_job" / "torch-venv"
     try:
         done = subprocess.run([str(script), "--check"], capture_output=True, text=True, timeout=30,
                               check=False)

@@ -33,8 +33,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._lock import (
     run_to_take_over,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_starttime
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[4]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT / ".collections"))
 OWNER = {"controller": "ctl.example.internal", "controller_pid": 4242, "user": "awx", "awx_job_id": "77"}
 

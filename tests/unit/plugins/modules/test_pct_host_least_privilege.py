@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[4]
+from tests.support.paths import ROOT
+
 MODULES = ROOT / "plugins" / "modules"
 NOBODY = 65534
 

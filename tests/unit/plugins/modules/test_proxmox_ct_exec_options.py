@@ -1,6 +1,6 @@
 """proxmox_ct_exec option handling: bad input fails with the option named, before pct is touched.
 
-The module runs as a real process (the way Ansible runs it: an args file);
+The module runs as a real process (tests/support/module.py: ``python -m``, its arguments as JSON);
 ``pct_path`` points at a marker script that records any call, so the tests can
 prove nothing was run. The behaviour against containers is in
 tests/integration/test_proxmox_ct_exec.py.
@@ -8,16 +8,15 @@ tests/integration/test_proxmox_ct_exec.py.
 
 from __future__ import annotations
 
-import json
+import functools
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[4]
-MODULE = ROOT / "plugins" / "modules" / "proxmox_ct_exec.py"
+from tests.support.module import run_module
+
+# each run bounded to 60 s
+run_exec = functools.partial(run_module, "proxmox_ct_exec", timeout=60)
 
 
 @pytest.fixture
@@ -28,17 +27,6 @@ def recorder(tmp_path):
     script.write_text("#!/bin/sh\necho \"$@\" >> %s\nexit 99\n" % log)
     script.chmod(0o755)
     return script, log
-
-
-def run_module(tmp_path, args: dict, check_mode: bool = False) -> dict:
-    argfile = tmp_path / "args.json"
-    payload = dict(args)
-    if check_mode:
-        payload["_ansible_check_mode"] = True
-    argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
-    env = dict(os.environ, PYTHONPATH=str(ROOT / ".collections"))
-    done = subprocess.run([sys.executable, str(MODULE), str(argfile)], capture_output=True, text=True, env=env, timeout=60, check=False)
-    return json.loads(done.stdout)
 
 
 @pytest.mark.parametrize(
@@ -56,23 +44,23 @@ def run_module(tmp_path, args: dict, check_mode: bool = False) -> dict:
         ({"vmid": 200, "argv": ["true"], "chdir": ""}, "chdir"),
     ],
 )
-def test_bad_input_names_the_option_and_runs_nothing(tmp_path, recorder, args, fragment):
+def test_bad_input_names_the_option_and_runs_nothing(recorder, args, fragment):
     script, log = recorder
-    result = run_module(tmp_path, dict(args, pct_path=str(script)))
+    result = run_exec(dict(args, pct_path=str(script)))
     assert result["failed"]
     assert fragment in result["msg"]
     assert not log.exists()
 
 
 def test_missing_pct_says_where_to_run(tmp_path):
-    result = run_module(tmp_path, {"vmid": 200, "argv": ["true"], "pct_path": str(tmp_path / "nope")})
+    result = run_exec({"vmid": 200, "argv": ["true"], "pct_path": str(tmp_path / "nope")})
     assert result["failed"] and "run this module on the Proxmox VE host" in result["msg"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="as non-root the module runs pct through sudo -n (tested in test_pct_host_least_privilege.py)")
-def test_built_command_is_returned_even_on_failure(tmp_path, recorder):
+def test_built_command_is_returned_even_on_failure(recorder):
     script, log = recorder
-    result = run_module(tmp_path, {"vmid": 200, "argv": ["echo", "$x `y`"], "pct_path": str(script), "timeout": 9}, check_mode=True)
+    result = run_exec({"vmid": 200, "argv": ["echo", "$x `y`"], "pct_path": str(script), "timeout": 9}, check_mode=True)
     # the recorder answers `pct status` with rc 99: the module stops there, having run only that
     assert result["cmd"] == [str(script), "exec", "200", "--", "timeout", "--kill-after=5s", "9s", "echo", "$x `y`"]
     assert result["failed"] and "pct status 200" in result["msg"]

@@ -8,6 +8,7 @@ directory. Its worker (a child process) holds the files given with ``--hold`` op
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -17,10 +18,9 @@ import sys
 import tempfile
 
 import pytest
-import trainer_harness
 from trainer_harness import Tmux, alive, cmdline, have_tmux, kill_all_with, pids_with, wait_for
 
-MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.training_start"
+from tests.support.module import run_module
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not have_tmux(), reason="tmux is not installed")]
 
@@ -116,10 +116,9 @@ def lab(tmp_path):
 
 
 @pytest.fixture
-def start(monkeypatch):
-    """trainer_harness.run_module, pointed at this module."""
-    monkeypatch.setattr(trainer_harness, "MODULE", MODULE)
-    return trainer_harness.run_module
+def start():
+    """The module runner (tests/support/module.py), pointed at this module."""
+    return functools.partial(run_module, "training_start")
 
 
 def trainers(lab: Lab) -> list[int]:

@@ -3,28 +3,17 @@ checks (which name the rung and the fix). The real module in its own process, in
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[4]
-MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.training_stop"
+from tests.support.module import run_module
 
 
-def run_module(tmp_path: Path, ladder: list) -> dict:
+def check_ladder(tmp_path: Path, ladder: list) -> dict:
     # a regex no process matches: the module validates, selects nothing and signals nothing
-    payload = {"match": r"^no-such-program-r13m\s", "ladder": ladder, "lock_dir": str(tmp_path / "lock"),
-               "_ansible_check_mode": True}
-    env = dict(os.environ, PYTHONPATH=str(ROOT / ".collections"))
-    done = subprocess.run([sys.executable, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": payload})],
-                          capture_output=True, text=True, env=env, timeout=60, check=False, stdin=subprocess.DEVNULL)
-    result = json.loads(done.stdout)
-    result["rc"] = done.returncode
-    return result
+    return run_module("training_stop", {"match": r"^no-such-program-r13m\s", "ladder": ladder,
+                                        "lock_dir": str(tmp_path / "lock")}, check_mode=True, timeout=60)
 
 
 @pytest.mark.parametrize("ladder, fragment", [
@@ -41,13 +30,13 @@ def run_module(tmp_path: Path, ladder: list) -> dict:
     ([{"signal": "INT", "timeout": 1, "via": "tmux"}], "ladder[0].via: tmux needs tmux_session"),
 ])
 def test_bad_rungs_name_the_rung_and_the_fix(tmp_path, ladder, fragment):
-    result = run_module(tmp_path, ladder)
+    result = check_ladder(tmp_path, ladder)
     assert result["rc"] == 1 and fragment in result["msg"], result["msg"]
     assert result.get("rungs", []) == []
 
 
 def test_signal_numbers_and_timeout_strings_still_work(tmp_path):
-    result = run_module(tmp_path, [{"signal": "INT", "timeout": "2.5", "to": "all"}, {"signal": 9, "timeout": 1}])
+    result = check_ladder(tmp_path, [{"signal": "INT", "timeout": "2.5", "to": "all"}, {"signal": 9, "timeout": 1}])
     assert result["rc"] == 0, result.get("msg")
     assert result["plan"] == ["SIGINT to every process, wait 2.5s", "SIGKILL to every process, wait 1s"]
     assert result["selected"] == [] and result["changed"] is False
