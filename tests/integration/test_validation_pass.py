@@ -23,7 +23,7 @@ import yaml
 
 from tests.support.ct200 import lock_holder, trainer_pids
 from tests.support.datagen import CONVERGE, INSTALL_TASK, LAB_VARS_FILE, free_gpus, reset_pipeline
-from tests.support.lab import MAIN_CT, NOSUDO_USER, trainer
+from tests.support.lab import DATAGEN_HOST, MAIN_CT, NOSUDO_USER, trainer
 from tests.support.paths import FAKEGPU_DIR, LAB_INVENTORY
 from tests.support.playbook import run_playbook
 from tests.support.ssh import in_ct as ct
@@ -257,23 +257,26 @@ def test_a_serving_port_another_program_holds_is_refused_before_the_training_is_
     # a job still to serve: a finished one (an earlier test's) serves nothing, so no port of it can clash
     reset_pipeline(running_trainer)
     before = trainer_pids(running_trainer)
-    # the role's own workers (an earlier test's) hold their ports: stopped, so that the squatter gets 31003
+    # the role's own workers (an earlier test's) hold their ports: stopped, so that the squatter gets 31003. The
+    # lanes' containers share the host's network, each lane on its own datagen address: the squatter takes this
+    # lane's, never another lane's, whose workers may be serving on the same port right now.
     ct(running_trainer, "systemctl", "stop", "sglang-datagen.target", "datagen-pipeline.service", check=False)
     ct(running_trainer, "systemd-run", "--unit", "lab-port-squatter", "--", "python3", "-m", "http.server",
-       "--bind", "127.0.0.1", "31003")
+       "--bind", DATAGEN_HOST, "31003")
     try:
         ct(running_trainer, "python3", "-c", "import socket, time\nfor _ in range(100):\n    try:\n"
-           "        socket.create_connection(('127.0.0.1', 31003), 1).close()\n        break\n"
-           "    except OSError:\n        time.sleep(0.2)\nelse:\n    raise SystemExit('nothing listens')")
-        assert ct(running_trainer, "systemctl", "is-active", "lab-port-squatter",
-                  check=False).stdout.strip() == "active"
+           "        socket.create_connection((%r, 31003), 1).close()\n        break\n"
+           "    except OSError:\n        time.sleep(0.2)\nelse:\n    raise SystemExit('nothing listens')" % DATAGEN_HOST)
+        squatter = ct(running_trainer, "systemctl", "is-active", "lab-port-squatter", check=False).stdout.strip()
+        assert squatter == "active", ct(running_trainer, "sh", "-c", "journalctl -u lab-port-squatter --no-pager -n 20;"
+                                        " ss -ltnp 'sport = :31003'", check=False).stdout
         rc, out = play(WITH_DATAGEN)
     finally:
         ct(running_trainer, "systemctl", "stop", "lab-port-squatter", check=False)
         ct(running_trainer, "systemctl", "reset-failed", "lab-port-squatter", check=False)
     refused_before_anything(running_trainer, before, rc, out)
     text = flat(out)
-    assert "port 31003 (sglang_datagen_worker_base_port + 3) is in use on 127.0.0.1 by pid" in text, out[-3000:]
+    assert "port 31003 (sglang_datagen_worker_base_port + 3) is in use on %s by pid" % DATAGEN_HOST in text, out[-3000:]
     assert "lab-port-squatter.service" in text and "Fix: stop what holds the port" in text
 
 
