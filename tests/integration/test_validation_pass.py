@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 
 LAB_VARS = yaml.safe_load(LAB_VARS_FILE.read_text())
 WITH_DATAGEN = {"repurpose_datagen": True}
+SQUAT_BASE = 31500  # the serving-port test's workers: see there
 MISSING_SOURCE = {"name": "lab", "adapter": "messages", "category": "general", "path": "/srv/datagen/sources/missing.jsonl"}
 
 
@@ -257,26 +258,28 @@ def test_a_serving_port_another_program_holds_is_refused_before_the_training_is_
     # a job still to serve: a finished one (an earlier test's) serves nothing, so no port of it can clash
     reset_pipeline(running_trainer)
     before = trainer_pids(running_trainer)
-    # the role's own workers (an earlier test's) hold their ports: stopped, so that the squatter gets 31003. The
-    # lanes' containers share the host's network, each lane on its own datagen address: the squatter takes this
-    # lane's, never another lane's, whose workers may be serving on the same port right now.
+    # The lanes' containers share the host's network: each lane serves on its own datagen address, and the role's
+    # default worker ports (31000-31007) may be held by this lane's own workers of an earlier test. The workers
+    # of this run start at SQUAT_BASE instead (inside the lab's reserved ports, which no host test picks and no
+    # lane serves on), and the squatter takes worker 3's port on this lane's address.
     ct(running_trainer, "systemctl", "stop", "sglang-datagen.target", "datagen-pipeline.service", check=False)
+    port = SQUAT_BASE + 3
     ct(running_trainer, "systemd-run", "--unit", "lab-port-squatter", "--", "python3", "-m", "http.server",
-       "--bind", DATAGEN_HOST, "31003")
+       "--bind", DATAGEN_HOST, str(port))
     try:
         ct(running_trainer, "python3", "-c", "import socket, time\nfor _ in range(100):\n    try:\n"
-           "        socket.create_connection((%r, 31003), 1).close()\n        break\n"
-           "    except OSError:\n        time.sleep(0.2)\nelse:\n    raise SystemExit('nothing listens')" % DATAGEN_HOST)
+           "        socket.create_connection((%r, %d), 1).close()\n        break\n"
+           "    except OSError:\n        time.sleep(0.2)\nelse:\n    raise SystemExit('nothing listens')" % (DATAGEN_HOST, port))
         squatter = ct(running_trainer, "systemctl", "is-active", "lab-port-squatter", check=False).stdout.strip()
         assert squatter == "active", ct(running_trainer, "sh", "-c", "journalctl -u lab-port-squatter --no-pager -n 20;"
-                                        " ss -ltnp 'sport = :31003'", check=False).stdout
-        rc, out = play(WITH_DATAGEN)
+                                        " ss -ltnp 'sport = :%d'" % port, check=False).stdout
+        rc, out = play(dict(WITH_DATAGEN, sglang_datagen_worker_base_port=SQUAT_BASE))
     finally:
         ct(running_trainer, "systemctl", "stop", "lab-port-squatter", check=False)
         ct(running_trainer, "systemctl", "reset-failed", "lab-port-squatter", check=False)
     refused_before_anything(running_trainer, before, rc, out)
     text = flat(out)
-    assert "port 31003 (sglang_datagen_worker_base_port + 3) is in use on %s by pid" % DATAGEN_HOST in text, out[-3000:]
+    assert "port %d (sglang_datagen_worker_base_port + 3) is in use on %s by pid" % (port, DATAGEN_HOST) in text, out[-3000:]
     assert "lab-port-squatter.service" in text and "Fix: stop what holds the port" in text
 
 
