@@ -70,7 +70,7 @@ def test_link_problem_catches_what_a_tarball_user_could_not_follow() -> None:
     assert link_problem("roles/x/README.md", "../../docs/docsite/rst/awx.rst", members) is None
     assert link_problem("README.md", "https://github.com/gpuops/repurpose", members) is None
     assert "not in the tarball" in link_problem("README.md", "tests/lab/README.md", members)
-    assert "not in the tarball" in link_problem("README.md", "../shared/INCIDENT.md", members)
+    assert "not in the tarball" in link_problem("README.md", "../outside-the-collection/notes.md", members)
     assert "only public https" in link_problem("README.md", "http://pve1.example.internal:8006/", members)
     assert links("a.md", "see [x](docs/a.md#part) and [y](#local)") == ["docs/a.md"]
     assert links("a.rst", "see `x <https://e.org/>`_ and\n.. _lab: ../y.rst\n") == ["https://e.org/", "../y.rst"]
