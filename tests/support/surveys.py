@@ -51,6 +51,14 @@ def role_options(root: Path, role: str) -> Dict[str, dict]:
     return spec["argument_specs"]["main"]["options"]
 
 
+def template_options(chosen: dict, root: Path = ROOT) -> Dict[str, dict]:
+    """Every option of a job template's roles (CHOSEN's ``roles``), by variable name."""
+    options: Dict[str, dict] = {}
+    for role in chosen["roles"]:
+        options.update(role_options(root, role))
+    return options
+
+
 def question(variable: str, option: dict) -> dict:
     """One survey question from an argument spec option (lists and mappings are refused: AWX passes text).
 
@@ -85,9 +93,7 @@ def play_question(var: dict) -> dict:
 def survey(template: str, chosen: dict, root: Path = ROOT) -> dict:
     """The AWX survey spec of TEMPLATE; SurveyError when a role variable is not listed once, or a listed one
     does not exist."""
-    options: Dict[str, dict] = {}
-    for role in chosen["roles"]:
-        options.update(role_options(root, role))
+    options = template_options(chosen, root)
     listed: List[str] = list(chosen.get("survey", [])) + list(chosen.get("left_out", []))
     twice = sorted({name for name in listed if listed.count(name) > 1})
     unknown = sorted(set(listed) - set(options))
@@ -150,9 +156,7 @@ def variables_page(chosen: Dict[str, dict], root: Path = ROOT) -> str:
         rows = [(var["variable"], {"type": "bool" if var["type"] == "bool" else "str", "default": var.get("default"),
                                    "description": var["description"]}, "survey (the play's own)")
                 for var in spec.get("play_vars", [])]
-        options: Dict[str, dict] = {}
-        for role in spec["roles"]:
-            options.update(role_options(root, role))
+        options = template_options(spec, root)
         asked = set(spec.get("survey", []))
         rows += [(name, options[name], "survey" if name in asked else "extra vars") for name in sorted(options)]
         for name, option, how in rows:
