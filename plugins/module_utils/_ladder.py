@@ -2,56 +2,30 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""The stop-verify-kill ladder: rungs, pidfd signalling, bounded exit waits, progress grace.
+"""The stop-verify-kill ladder: its rungs, and the climb (each rung: signal, then wait).
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets, py>=3.9). It never touches
 AnsibleModule; bad input raises :class:`LadderError` naming the option.
 
-How a process is held: before the first signal every snapshot member gets a
-pidfd (``os.pidfd_open``) and its start time is read *after* opening; a
-mismatch means the PID was reused, so that pidfd is dropped and the member is
-counted as gone. From then on signals go through ``signal.pidfd_send_signal``
-(the kernel refuses to signal anything else, so PID reuse cannot hit a
-stranger) and exits are awaited with ``select.poll`` on the pidfds: the kernel
-wakes us the moment a thread group has exited (a zombie counts as gone; a
-zombie *leader* with live threads does not, and neither does the kernel). Where
-pidfds are missing (kernel < 5.3, python < 3.9, seccomp) the fallback re-checks
-the start time before each ``kill`` and polls ``/proc`` every 20 ms.
+The processes are held by :mod:`._process_set` (pidfds, no reused PID is ever
+signalled); a rung's grace for a checkpoint save is judged by
+:mod:`._save_watch`.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import select
 import signal
-import stat
-import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
-    files_open_for_writing,
-    has_live_thread,
-    list_pids,
-    read_process,
-    read_starttime,
-    read_stat,
-    read_wchan,
-)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._process_set import ProcessSet, launcher_targets
+from ansible_collections.gpuops.repurpose.plugins.module_utils._save_watch import NO_GRACE, Grace, SaveWatch
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
 
 UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
 TARGETS = ("launcher", "all")
-FALLBACK_POLL = 0.02
-PROGRESS_SAMPLE = 0.5
-PROGRESS_MAX_FILES = 10000
-# The step line a rank prints for the step in flight when the signal lands is not "still training";
-# more than this many steps past the one seen at the signal is.
-STEP_SLACK = 1
-# File timestamps come from the kernel's coarse clock (up to a tick behind time.time()).
-MTIME_SLACK_NS = 50_000_000
 
 
 class LadderError(Exception):
@@ -192,209 +166,6 @@ def fit_to_torchrun(rungs: t.Sequence[Rung], shutdown_timeout: float | None) -> 
     return fitted, notes
 
 
-# ---------------------------------------------------------------- progress
-
-@dataclass(frozen=True)
-class ProgressScan:
-    """One look at ``progress_paths``: what changed-or-not is judged on, and the files' identities."""
-
-    signature: frozenset  # (path, inode, size, mtime_ns) of every entry seen
-    files: frozenset  # (st_dev, st_ino) of the regular files seen
-    file_mtimes: frozenset = frozenset()  # ((st_dev, st_ino), mtime_ns) of the regular files seen
-
-    def modified_since(self, wall_ns: int) -> set[tuple[int, int]]:
-        """The regular files written (or created) at or after ``wall_ns`` (ns since the epoch)."""
-        return {ident for ident, mtime_ns in self.file_mtimes if mtime_ns >= wall_ns}
-
-
-def progress_scan(paths: t.Sequence[str], limit: int = PROGRESS_MAX_FILES) -> ProgressScan:
-    """Every file and directory under ``paths`` (bounded by ``limit`` entries).
-
-    Symlinks are followed (a checkpoint directory is often a link to the run's
-    storage) with each directory walked once, so a link cycle ends. Within a
-    directory the newest entries are walked first: when ``limit`` cuts the walk
-    short it leaves out old checkpoints, never the one being written.
-    """
-    seen: set[tuple[str, int, int, int]] = set()
-    files: dict[tuple[int, int], int] = {}
-    walked: set[tuple[int, int]] = set()
-    stack: list[tuple[str, os.stat_result]] = []
-    stats_left = 4 * limit  # listing a huge directory costs stats too; bounded all the same
-    for path in reversed(list(paths)):
-        try:
-            stack.append((path, os.stat(path)))
-        except OSError:
-            continue
-    while stack and len(seen) < limit:
-        path, st = stack.pop()
-        seen.add((path, st.st_ino, st.st_size, st.st_mtime_ns))
-        if stat.S_ISREG(st.st_mode):
-            files[(st.st_dev, st.st_ino)] = st.st_mtime_ns
-        if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) in walked:
-            continue
-        walked.add((st.st_dev, st.st_ino))
-        try:
-            names = os.listdir(path)
-        except OSError:
-            continue
-        entries = []
-        for name in names[:stats_left]:
-            child = os.path.join(path, name)
-            try:
-                entries.append((child, os.stat(child)))
-            except OSError:  # gone meanwhile, or a dangling link
-                continue
-        stats_left -= min(len(names), stats_left)
-        # oldest first on the stack, so the newest is popped (walked) first
-        entries.sort(key=lambda entry: (entry[1].st_mtime_ns, entry[0]))
-        stack.extend(entries)
-    return ProgressScan(frozenset(seen), frozenset(files), frozenset(files.items()))
-
-
-# ---------------------------------------------------------------- process handles
-
-def pidfd_supported() -> bool:
-    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
-        return False
-    try:
-        fd = os.pidfd_open(os.getpid())
-    except OSError:
-        return False
-    os.close(fd)
-    return True
-
-
-def _thread_group_gone(pid: int, starttime: int, proc_root: str) -> bool:
-    """Polling view of 'exited': gone, reused, or a zombie with no live thread."""
-    try:
-        stat = read_stat(pid, proc_root)
-    except OSError:
-        return True
-    if stat is None or stat.starttime != starttime:
-        return True
-    if stat.state not in ("Z", "X"):
-        return False
-    return not has_live_thread(pid, proc_root)
-
-
-@dataclass
-class Handle:
-    """One snapshot member held for signalling and waiting."""
-
-    pid: int
-    starttime: int
-    depth: int
-    pgid: int
-    fd: int | None = None
-    exited_at: float | None = None
-    denied: str = ""  # why the kernel refused to signal it (EPERM: another user's process)
-
-
-class ProcessSet:
-    """The held snapshot: signal members and wait for them, by pidfd when possible."""
-
-    def __init__(self, use_pidfd: bool | None = None, proc_root: str = "/proc", clock: t.Callable[[], float] = time.monotonic) -> None:
-        self.use_pidfd = pidfd_supported() if use_pidfd is None else use_pidfd
-        self.proc_root = proc_root
-        self.clock = clock
-        self.handles: dict[int, Handle] = {}
-        self._poller = select.poll() if self.use_pidfd else None
-        self._by_fd: dict[int, Handle] = {}
-
-    def add(self, pid: int, starttime: int, depth: int, pgid: int) -> bool:
-        """Hold ``pid`` if it is still the process seen in the snapshot; False when it is gone or reused."""
-        if pid in self.handles:
-            return True
-        handle = Handle(pid, starttime, depth, pgid)
-        if self.use_pidfd:
-            try:
-                handle.fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                return False
-            # read the start time only after the pidfd exists: the fd now pins *this* process
-            if _thread_group_gone(pid, starttime, self.proc_root):
-                os.close(handle.fd)
-                return False
-            self._poller.register(handle.fd, select.POLLIN)
-            self._by_fd[handle.fd] = handle
-        elif _thread_group_gone(pid, starttime, self.proc_root):
-            return False
-        self.handles[pid] = handle
-        return True
-
-    def live(self) -> list[Handle]:
-        return sorted((h for h in self.handles.values() if h.exited_at is None), key=lambda h: (h.depth, h.pid))
-
-    def _release(self, handle: Handle) -> None:
-        """Stop polling and close the member's pidfd (if it has one)."""
-        if handle.fd is not None:
-            self._poller.unregister(handle.fd)
-            del self._by_fd[handle.fd]
-            os.close(handle.fd)
-            handle.fd = None
-
-    def _mark_gone(self, handle: Handle) -> None:
-        if handle.exited_at is None:
-            handle.exited_at = self.clock()
-        self._release(handle)
-
-    def send(self, handle: Handle, signum: int) -> bool:
-        """Signal one member; False when it had already exited (never an error) or may not be signalled.
-
-        A refusal (EPERM: another user's process, the module not run as root) is kept in
-        ``handle.denied``: the process stays held, is waited for like the rest, and ends up
-        among the survivors with the reason.
-        """
-        if handle.exited_at is not None:
-            return False
-        try:
-            if handle.fd is not None:
-                signal.pidfd_send_signal(handle.fd, signum)
-            else:
-                if read_starttime(handle.pid, self.proc_root) != handle.starttime:
-                    self._mark_gone(handle)
-                    return False
-                os.kill(handle.pid, signum)
-        except ProcessLookupError:
-            self._mark_gone(handle)
-            return False
-        except PermissionError as exc:
-            handle.denied = "%s %s: %s" % (signal.Signals(signum).name, "not permitted", exc.strerror or exc)
-            return False
-        return True
-
-    def reap_ready(self, timeout: float) -> list[int]:
-        """Wait up to ``timeout`` seconds for any exit; return the pids that exited."""
-        gone = []
-        if self.use_pidfd:
-            if not self._by_fd:
-                return gone
-            events = self._poller.poll(max(0, int(timeout * 1000 + 0.999)))
-            for fd, _mask in events:
-                handle = self._by_fd.get(fd)
-                if handle is not None:
-                    self._mark_gone(handle)
-                    gone.append(handle.pid)
-            return gone
-        for handle in self.live():
-            if _thread_group_gone(handle.pid, handle.starttime, self.proc_root):
-                self._mark_gone(handle)
-                gone.append(handle.pid)
-        if not gone and self.live() and timeout > 0:
-            time.sleep(min(timeout, FALLBACK_POLL))
-        return gone
-
-    def write_holds(self) -> set[tuple[int, int, int]]:
-        """(pid, st_dev, st_ino) of every regular file a live member holds open for writing."""
-        return {(h.pid,) + ident for h in self.live() for ident in files_open_for_writing(h.pid, self.proc_root)}
-
-    def close(self) -> None:
-        for handle in self.handles.values():
-            self._release(handle)
-
-
-# ---------------------------------------------------------------- the ladder
-
 @dataclass
 class RungReport:
     signal: str
@@ -436,11 +207,7 @@ class LadderResult:
     denied: dict[int, str] = field(default_factory=dict)  # survivors the kernel would not let us signal
 
 
-def launcher_targets(handles: t.Sequence[Handle], root_pgids: t.Iterable[int]) -> list[Handle]:
-    """What Ctrl-C in the job's terminal would reach: the roots and their (foreground) process groups."""
-    groups = set(root_pgids)
-    return [h for h in handles if h.depth == 0 or h.pgid in groups]
-
+# ---------------------------------------------------------------- the climb
 
 def run_ladder(
     rungs: t.Sequence[Rung],
@@ -448,172 +215,107 @@ def run_ladder(
     *,
     root_pgids: t.Iterable[int],
     send_keys: t.Callable[[], tuple[list[str], list[str]]] | None = None,
-    progress_paths: t.Sequence[str] = (),
-    progress_stall: float = 10.0,
-    max_grace: float = 600.0,
+    grace: Grace = NO_GRACE,
     find_children: t.Callable[[t.Collection[int]], list[tuple[int, int, int]]] | None = None,
     started: float | None = None,
-    step_probe: t.Callable[[], int | None] | None = None,
-    wall: t.Callable[[], float] = time.time,
 ) -> LadderResult:
     """Climb the ladder until every held process is gone or the rungs run out.
 
-    ``send_keys`` performs the tmux keystroke and returns (panes, errors).
-    ``find_children(live_pids)`` returns (pid, starttime, pgid) of processes
-    born to live members since the snapshot; they join before each later rung.
-    Each rung waits until its timeout, and past it only for a save that
-    started after the rung's signal: a live member writing a file under
-    ``progress_paths`` that it opened after the signal, with that file's
-    mtime after the signal. Once such a save was seen in the rung, the rung
-    keeps waiting while files there change within ``progress_stall`` seconds
-    or a member still holds a file it opened after the signal (a save pausing
-    between writes). Files that merely change (a job ignoring the signal that
-    keeps writing its log or its periodic checkpoints into files it already
-    had open) never extend a rung. ``step_probe`` returns the job's current
-    step (from the tmux pane) or None: a job whose step counter advances more
-    than ``STEP_SLACK`` past the step seen at the signal is still training,
-    not shutting down, and gets no grace at all in that rung (a periodic
-    checkpoint it writes meanwhile is not a shutdown save). Never past
-    ``max_grace`` from the rung's start (SIGKILL rungs never extend).
+    Each rung signals what is left (:func:`signal_rung`), then waits for it
+    until the rung's timeout, and past it only while :class:`SaveWatch` sees a
+    save the job began after the signal (:func:`wait_rung`; SIGKILL rungs never
+    extend). Before each later rung, processes born to members since the
+    snapshot join: ``find_children(live_pids)`` returns their (pid, starttime,
+    pgid). ``send_keys`` types Ctrl-C into the job's tmux pane and returns
+    (panes, errors). ``started`` is when the caller started (monotonic).
     """
-    clock = procs.clock
-    t0 = clock() if started is None else started
-    root_pgids = set(root_pgids)
+    t0 = procs.clock() if started is None else started
     reports: list[RungReport] = []
     late: list[int] = []
     stopped_by = None
-    signalled = False
     for index, rung in enumerate(rungs):
         if not procs.live():
             break
         if index > 0 and find_children is not None:
-            for pid, starttime, pgid in find_children([h.pid for h in procs.live()]):
-                if procs.add(pid, starttime, max(h.depth for h in procs.handles.values()) + 1, pgid):
-                    late.append(pid)
-        report = RungReport(rung.name, rung.via, rung.to, rung.timeout)
+            late.extend(adopt_children(procs, find_children))
+        watch = SaveWatch(procs.write_holds, grace) if rung.signal not in UNCATCHABLE and grace.watches else None
+        report = RungReport(rung.name, rung.via, rung.to, rung.timeout, sent_at=procs.clock() - t0)
         reports.append(report)
-        watching = rung.signal not in UNCATCHABLE and bool(progress_paths or step_probe)
-        baseline = progress_scan(progress_paths).signature if watching and progress_paths else None
-        held_before = procs.write_holds() if baseline is not None else set()
-        inodes_before = {ino for _pid, _dev, ino in held_before}
-        step_at_signal = step_probe() if watching and step_probe is not None else None
-        if step_probe is not None and watching:
-            report.steps = [step_at_signal, step_at_signal]
-        signal_wall_ns = int(wall() * 1e9) - MTIME_SLACK_NS
-        report.sent_at = clock() - t0
-        panes: list[str] = []
-        if rung.via == "tmux" and send_keys is not None:
-            panes, errors = send_keys()
-            report.targets = panes
-            report.errors.extend(errors)
-            signalled = signalled or bool(panes)
-            if not panes:
-                # No pane to type Ctrl-C into (it closed with its launcher, killed -9): what is left (the
-                # orphaned ranks) gets the signal torchrun would have forwarded, SIGINT to each process group.
-                report.via = None
-                report.errors.append("no tmux pane to send Ctrl-C to: SIGINT sent to the launchers instead")
-        elif rung.via == "tmux":
-            report.via = None  # the caller found the job in no pane (send_keys None): same fallback
-            report.errors.append("the job runs in no tmux pane: SIGINT sent to the launchers instead")
-        if rung.via != "tmux" or send_keys is None or not panes:
-            live = procs.live()
-            targets = launcher_targets(live, root_pgids) if rung.to == "launcher" else live
-            for handle in targets:  # depth order: the launcher before (or with) its workers
-                if procs.send(handle, rung.signal):
-                    report.targets.append(handle.pid)
-                    signalled = True
-                elif handle.denied:
-                    report.errors.append("pid %d: %s" % (handle.pid, handle.denied))
-                else:
-                    report.already_gone.append(handle.pid)
-        if rung.signal not in UNCATCHABLE:
-            # a stopped process cannot act on a signal: neither on ours nor on the SIGTERM its
-            # launcher forwards, so every member is continued, not only this rung's targets
-            for handle in procs.live():
-                procs.send(handle, signal.SIGCONT)
-        rung_start = clock()
-        deadline = Deadline(rung.timeout, clock=clock)
-        cap = rung_start + max(max_grace, rung.timeout)
-        last_change = None
-        sample_every = min(PROGRESS_SAMPLE, max(0.05, progress_stall / 2))
-        next_sample = rung_start + sample_every
-        while procs.live():
-            now = clock()
-            if watching and (now >= next_sample or deadline.expired()):
-                # sampled on schedule, and again right when the timeout is reached, before deciding
-                step = step_probe() if step_probe is not None else None
-                if step is not None:
-                    if step_at_signal is None:
-                        step_at_signal = step
-                    report.steps = [step_at_signal, step]
-                    if step - step_at_signal > STEP_SLACK:
-                        report.training = True
-                if baseline is not None:
-                    scan = progress_scan(progress_paths)
-                    fresh = scan.modified_since(signal_wall_ns)
-                    opened_after = {(pid, dev, ino) for pid, dev, ino in procs.write_holds() - held_before
-                                    if (dev, ino) in scan.files}
-                    if any((dev, ino) in fresh for _pid, dev, ino in opened_after):
-                        report.save_seen = True
-                    # a file the job already held open for writing at the signal (its log) changing is not a save
-                    changed = any(entry[1] not in inodes_before for entry in scan.signature - baseline)
-                    if report.training:
-                        last_change = None  # still training: whatever it writes is not a shutdown save
-                    elif report.save_seen and changed:
-                        last_change = now
-                    elif report.save_seen and opened_after:
-                        # The save still holds a file it opened after the signal: pausing longer than
-                        # progress_stall between writes (the next shard serialized, an fsync under I/O
-                        # load) is still a save in progress. max_grace (cap) bounds this like any progress.
-                        last_change = now
-                        report.held_open = True
-                    baseline = scan.signature
-                next_sample = now + sample_every
-            if deadline.expired():
-                if last_change is None or now - last_change > progress_stall or now >= cap:
-                    break
-                # a save started after the signal is still being written, so this rung keeps waiting
-                deadline.extend_to(min(cap, last_change + progress_stall))
-            wait = deadline.remaining()
-            if watching:
-                wait = min(wait, max(0.0, next_sample - now))
-            report.exited.extend(procs.reap_ready(wait))
-        report.waited = clock() - rung_start
-        report.ended_at = clock() - t0
-        report.extended_by = max(0.0, deadline.timeout - rung.timeout)
-        report.remaining = len(procs.live())
+        signal_rung(rung, procs, set(root_pgids), send_keys, report)
+        wait_rung(rung, procs, watch, report)
+        report.ended_at = procs.clock() - t0
         if not procs.live():
             stopped_by = index
             break
-    return LadderResult(reports, stopped_by, [h.pid for h in procs.live()], late, signalled,
+    return LadderResult(reports, stopped_by, [h.pid for h in procs.live()], late, any(r.targets for r in reports),
                         {h.pid: h.denied for h in procs.live() if h.denied})
 
 
-def describe_process(pid: int, proc_root: str = "/proc") -> dict[str, t.Any]:
-    """State, wchan and command line of a survivor (for the 'unkillable' report)."""
-    info = read_process(pid, proc_root)
-    if info is None:
-        return {"pid": pid, "state": "gone", "wchan": "", "cmdline": ""}
-    return {"pid": pid, "ppid": info.ppid, "state": info.state, "wchan": read_wchan(pid, proc_root),
-            "cmdline": info.command, "uid": info.uid}
+def adopt_children(procs: ProcessSet, find_children: t.Callable[[t.Collection[int]], list[tuple[int, int, int]]]) -> list[int]:
+    """Hold the processes born to live members since the snapshot, one level below the deepest; their pids."""
+    adopted = []
+    for pid, starttime, pgid in find_children([h.pid for h in procs.live()]):
+        if procs.add(pid, starttime, max(h.depth for h in procs.handles.values()) + 1, pgid):
+            adopted.append(pid)
+    return adopted
 
 
-def stat_children(parents: t.Collection[int], proc_root: str = "/proc") -> list[tuple[int, int, int]]:
-    """(pid, starttime, pgid) of every process whose parent is in ``parents`` (a light /proc scan)."""
-    wanted = set(parents)
-    found: list[tuple[int, int, int]] = []
-    frontier = True
-    while frontier:
-        frontier = False
-        for pid in list_pids(proc_root):
-            if pid in wanted:
-                continue
-            try:
-                stat = read_stat(pid, proc_root)
-            except OSError:
-                continue
-            if stat is not None and stat.ppid in wanted and stat.state not in ("Z", "X"):
-                wanted.add(stat.pid)
-                found.append((stat.pid, stat.starttime, stat.pgid))
-                frontier = True
-    return found
+def signal_rung(rung: Rung, procs: ProcessSet, root_pgids: set[int],
+                send_keys: t.Callable[[], tuple[list[str], list[str]]] | None, report: RungReport) -> None:
+    """Send the rung's signal: Ctrl-C into the pane, else the signal to its targets; then SIGCONT to all."""
+    panes: list[str] = []
+    if rung.via == "tmux" and send_keys is not None:
+        panes, errors = send_keys()
+        report.targets = panes
+        report.errors.extend(errors)
+        if not panes:
+            # No pane to type Ctrl-C into (it closed with its launcher, killed -9): what is left (the
+            # orphaned ranks) gets the signal torchrun would have forwarded, SIGINT to each process group.
+            report.via = None
+            report.errors.append("no tmux pane to send Ctrl-C to: SIGINT sent to the launchers instead")
+    elif rung.via == "tmux":
+        report.via = None  # the caller found the job in no pane (send_keys None): same fallback
+        report.errors.append("the job runs in no tmux pane: SIGINT sent to the launchers instead")
+    if not panes:
+        live = procs.live()
+        for handle in launcher_targets(live, root_pgids) if rung.to == "launcher" else live:
+            # depth order: the launcher before (or with) its workers
+            if procs.send(handle, rung.signal):
+                report.targets.append(handle.pid)
+            elif handle.denied:
+                report.errors.append("pid %d: %s" % (handle.pid, handle.denied))
+            else:
+                report.already_gone.append(handle.pid)
+    if rung.signal not in UNCATCHABLE:
+        # a stopped process cannot act on a signal: neither on ours nor on the SIGTERM its
+        # launcher forwards, so every member is continued, not only this rung's targets
+        for handle in procs.live():
+            procs.send(handle, signal.SIGCONT)
+
+
+def wait_rung(rung: Rung, procs: ProcessSet, watch: SaveWatch | None, report: RungReport) -> None:
+    """Wait for the members to exit: until the rung's timeout, and past it while ``watch`` sees a save."""
+    clock = procs.clock
+    rung_start = clock()
+    deadline = Deadline(rung.timeout, clock=clock)
+    if watch is not None:
+        watch.start(rung_start)
+    while procs.live():
+        now = clock()
+        if watch is not None and (watch.due(now) or deadline.expired()):
+            watch.sample(now)  # on schedule, and again right when the timeout is reached, before deciding
+        if deadline.expired():
+            grace_end = watch.grace_end(rung_start, rung.timeout) if watch is not None else None
+            if grace_end is None or now >= grace_end:
+                break
+            deadline.extend_to(grace_end)  # a save begun after the signal is still being written
+        wait = deadline.remaining()
+        if watch is not None:
+            wait = min(wait, max(0.0, watch.next_sample - now))
+        report.exited.extend(procs.reap_ready(wait))
+    report.waited = clock() - rung_start
+    report.extended_by = max(0.0, deadline.timeout - rung.timeout)
+    report.remaining = len(procs.live())
+    if watch is not None:
+        report.save_seen, report.training, report.held_open = watch.save_seen, watch.training, watch.held_open
+        report.steps = list(watch.steps)

@@ -477,3 +477,33 @@ def read_systemd_unit(pid: int, proc_root: str = "/proc") -> str:
         return parse_systemd_unit(_read_text(os.path.join(proc_root, str(pid), "cgroup")))
     except OSError:  # gone meanwhile
         return ""
+
+
+def describe_process(pid: int, proc_root: str = "/proc") -> dict[str, t.Any]:
+    """State, wchan and command line of a survivor (for the 'unkillable' report)."""
+    info = read_process(pid, proc_root)
+    if info is None:
+        return {"pid": pid, "state": "gone", "wchan": "", "cmdline": ""}
+    return {"pid": pid, "ppid": info.ppid, "state": info.state, "wchan": read_wchan(pid, proc_root),
+            "cmdline": info.command, "uid": info.uid}
+
+
+def stat_children(parents: t.Collection[int], proc_root: str = "/proc") -> list[tuple[int, int, int]]:
+    """(pid, starttime, pgid) of every process whose parent is in ``parents`` (a light /proc scan)."""
+    wanted = set(parents)
+    found: list[tuple[int, int, int]] = []
+    frontier = True
+    while frontier:
+        frontier = False
+        for pid in list_pids(proc_root):
+            if pid in wanted:
+                continue
+            try:
+                stat = read_stat(pid, proc_root)
+            except OSError:
+                continue
+            if stat is not None and stat.ppid in wanted and stat.state not in ("Z", "X"):
+                wanted.add(stat.pid)
+                found.append((stat.pid, stat.starttime, stat.pgid))
+                frontier = True
+    return found

@@ -25,20 +25,22 @@ import typing as t
 from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint import SETTLE, scan_checkpoints
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     LadderError,
-    ProcessSet,
     Rung,
-    describe_process,
     fit_to_torchrun,
     parse_ladder,
     run_ladder,
-    stat_children,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import (
     build_record,
     record_path,
     write_record,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_environ
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    describe_process,
+    read_environ,
+    stat_children,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._process_set import ProcessSet
 from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
     RunLock,
     RunLockError,
@@ -47,6 +49,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
     outcome_fields,
     shield_from_hangup,
 )
+from ansible_collections.gpuops.repurpose.plugins.module_utils._save_watch import Grace
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     Member,
     SelectError,
@@ -260,8 +263,8 @@ class _StopJob:
                 # Ctrl-C in a pane reaches only what runs in it: a job found otherwise (orphaned ranks
                 # found as GPU holders, the pane left at its prompt) gets SIGINT to its launchers instead
                 send_keys=(lambda: send_ctrl_c(session, socket)) if any(m.how == "tmux_session" for m in members) else None,
-                progress_paths=params["progress_paths"], progress_stall=params["progress_stall"],
-                max_grace=params["max_grace"], started=self.started, step_probe=step_probe,
+                grace=Grace(params["progress_paths"], params["progress_stall"], params["max_grace"], step_probe),
+                started=self.started,
                 find_children=lambda parents: late_children(stat_children(parents), selection.seen, excludes),
             )
         finally:

@@ -114,7 +114,7 @@ def fill_outcome(result: dict[str, t.Any], outcome: t.Any, diff: bool) -> None:
 
 def survivors_failure(details: list[dict[str, t.Any]], denied: t.Mapping[int, str], sigkill_climbed: bool,
                       kill_timeout: float) -> tuple[str, bool]:
-    """The failure message for processes left after the ladder (DETAILS: ``_ladder.describe_process`` of each),
+    """The failure message for processes left after the ladder (DETAILS: ``_proc.describe_process`` of each),
     and whether they are RV(unkillable); a process this module may not signal gets its ``error`` in DETAILS."""
     for entry in details:
         if entry["pid"] in denied:

@@ -13,24 +13,26 @@ from trainer_harness import ZOMBIE_LEADER, read_stat, wait_for
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     LadderError,
-    ProcessSet,
     Rung,
     default_ladder,
-    describe_process,
     fit_to_torchrun,
-    launcher_targets,
     parse_ladder,
     parse_signal,
-    pidfd_supported,
-    progress_scan,
     run_ladder,
-    stat_children,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    describe_process,
     files_open_for_writing,
     parse_fdinfo_flags,
     read_starttime,
+    stat_children,
 )
+from ansible_collections.gpuops.repurpose.plugins.module_utils._process_set import (
+    ProcessSet,
+    launcher_targets,
+    pidfd_supported,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._save_watch import Grace, progress_scan
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -286,7 +288,7 @@ def test_progress_extends_the_rung_only_while_files_change(children, tmp_path, w
     # the rung's timeout is the time the save has to begin: a whole second, as a loaded machine may
     # take that long to run the writer's handler; the save then outlasts it by two
     out = run_ladder([Rung(TERM, 1.0), Rung(KILL, 5)], procs, root_pgids=[child.pid],
-                     progress_paths=[str(tmp_path)] if watch else [], progress_stall=0.8, max_grace=30)
+                     grace=Grace(paths=[str(tmp_path)] if watch else [], stall=0.8, max_grace=30))
     if watch:
         assert out.stopped_by == 0 and out.rungs[0].extended_by > 0
         assert child.wait(timeout=5) == 0 and target.stat().st_size > 0
@@ -301,7 +303,7 @@ def test_progress_never_extends_past_max_grace(children, tmp_path):
     procs = ProcessSet()
     hold(procs, child)
     out = run_ladder([Rung(TERM, 0.2), Rung(KILL, 5)], procs, root_pgids=[child.pid],
-                     progress_paths=[str(target)], progress_stall=5, max_grace=1.0)
+                     grace=Grace(paths=[str(target)], stall=5, max_grace=1.0))
     assert out.stopped_by == 1
     assert out.rungs[0].extended_by <= 1.0 - 0.2 + 1e-6  # bounded by max_grace, whatever the writer does
 
@@ -345,7 +347,7 @@ def test_save_pausing_longer_than_progress_stall_is_not_cut_short(children, tmp_
     procs = ProcessSet(use_pidfd=use_pidfd)
     hold(procs, child)
     out = run_ladder([Rung(TERM, 1.0), Rung(KILL, 5)], procs, root_pgids=[child.pid],
-                     progress_paths=[str(ckpt)], progress_stall=0.3, max_grace=30)
+                     grace=Grace(paths=[str(ckpt)], stall=0.3, max_grace=30))
     assert out.stopped_by == 0 and child.wait(timeout=5) == 0, [r.as_dict() for r in out.rungs]
     assert (ckpt / "step-000682" / "rank0" / "model.pt").stat().st_size == 4 * 65536
     assert not (ckpt / "step-000682.tmp").exists()
@@ -359,7 +361,7 @@ def test_a_save_hung_with_its_file_open_is_still_bounded_by_max_grace(children, 
     procs = ProcessSet()
     hold(procs, child)
     out = run_ladder([Rung(TERM, 1.0), Rung(KILL, 5)], procs, root_pgids=[child.pid],
-                     progress_paths=[str(ckpt)], progress_stall=0.3, max_grace=2.0)
+                     grace=Grace(paths=[str(ckpt)], stall=0.3, max_grace=2.0))
     assert out.stopped_by == 1 and out.rungs[0].held_open
     assert out.rungs[0].extended_by <= 2.0 - 1.0 + 1e-6
 
@@ -396,7 +398,7 @@ def test_a_file_held_open_without_progress_does_not_extend_the_rung(children, tm
     procs = ProcessSet()
     hold(procs, child)
     out = run_ladder([Rung(TERM, 0.3), Rung(KILL, 5)], procs, root_pgids=[child.pid],
-                     progress_paths=[str(ckpt)], progress_stall=0.3, max_grace=30)
+                     grace=Grace(paths=[str(ckpt)], stall=0.3, max_grace=30))
     assert out.stopped_by == 1 and out.rungs[0].extended_by == 0
     assert child.wait(timeout=5) == -KILL
 
@@ -541,8 +543,7 @@ def test_a_signal_ignoring_periodic_checkpointer_gets_no_grace(children, tmp_pat
     procs = ProcessSet()
     hold(procs, child)
     out = run_ladder([Rung(INT, 0.6), Rung(TERM, 0.6), Rung(KILL, 5)], procs, root_pgids=[child.pid],
-                     progress_paths=[str(ckpt)], progress_stall=0.5, max_grace=30,
-                     step_probe=steps_probe(tmp_path / "steps"))
+                     grace=Grace(paths=[str(ckpt)], stall=0.5, max_grace=30, step_probe=steps_probe(tmp_path / "steps")))
     rungs = [r.as_dict() for r in out.rungs]
     assert out.stopped_by == 2 and child.wait(timeout=5) == -KILL, rungs
     for rung in out.rungs[:2]:
@@ -558,7 +559,7 @@ def test_without_a_step_source_periodic_saves_extend_a_rung_only_while_one_is_wr
     procs = ProcessSet()
     hold(procs, child)
     out = run_ladder([Rung(TERM, 1.5), Rung(KILL, 5)], procs, root_pgids=[child.pid],
-                     progress_paths=[str(ckpt)], progress_stall=0.2, max_grace=30)
+                     grace=Grace(paths=[str(ckpt)], stall=0.2, max_grace=30))
     assert out.stopped_by == 1, [r.as_dict() for r in out.rungs]
     assert out.rungs[0].extended_by < 0.3 + 0.2 + 0.5  # one save and the stall at most, never max_grace
 
@@ -571,7 +572,7 @@ def test_a_log_written_through_a_file_opened_before_the_signal_is_no_save(childr
     procs = ProcessSet()
     hold(procs, child)
     out = run_ladder([Rung(TERM, 0.5), Rung(KILL, 5)], procs, root_pgids=[child.pid],
-                     progress_paths=[str(ckpt / "train.log")], progress_stall=0.5, max_grace=30)
+                     grace=Grace(paths=[str(ckpt / "train.log")], stall=0.5, max_grace=30))
     assert out.stopped_by == 1 and out.rungs[0].extended_by == 0 and not out.rungs[0].save_seen
 
 
@@ -587,8 +588,7 @@ def test_a_save_started_after_ctrl_c_is_never_cut_short(children, tmp_path, ckpt
     hold(procs, child)
     wait_for((tmp_path / "steps").exists, 5)
     out = run_ladder([Rung(INT, 1.0), Rung(KILL, 5)], procs, root_pgids=[child.pid],
-                     progress_paths=[str(ckpt)], progress_stall=0.3, max_grace=30,
-                     step_probe=steps_probe(tmp_path / "steps"))
+                     grace=Grace(paths=[str(ckpt)], stall=0.3, max_grace=30, step_probe=steps_probe(tmp_path / "steps")))
     rung = out.rungs[0]
     assert out.stopped_by == 0 and child.wait(timeout=5) == 0, rung.as_dict()
     assert rung.save_seen and not rung.training and rung.extended_by > 1.0
