@@ -81,3 +81,19 @@ def test_downsample_keep_cuts_only_over_target():
     assert abs(keep["coding"] / total - MIX["coding"]) < 1e-5
     # unlisted categories pass through
     assert quota.downsample_keep({"coding": 10, "other": 5}, {"coding": 1.0}) == {"coding": 10, "other": 5}
+
+
+def test_shares_are_fractions_of_the_rows_rounded_or_exact():
+    assert quota.shares({"math": 1, "coding": 2}) == {"coding": 0.666667, "math": 0.333333}
+    assert quota.shares({"math": 1, "coding": 2}, places=None) == {"coding": 2 / 3, "math": 1 / 3}
+    assert quota.shares({}) == {} and quota.shares({"math": 0}) == {}
+
+
+def test_rank_threshold_keeps_exactly_the_k_lowest_ranks():
+    from array import array
+
+    ranks = array("Q", [50, 10, 2**64 - 2, 30, 20])
+    for k in range(len(ranks) + 2):
+        cut = quota.rank_threshold(ranks, k)
+        assert sum(1 for rank in ranks if rank <= cut) == min(k, len(ranks))
+    assert quota.rank_threshold(ranks, 0) == -1 and quota.rank_threshold(ranks, 2) == 20

@@ -14,7 +14,8 @@ import os
 import sys
 import time
 from array import array
-from typing import Any, Dict, List, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, TextIO, Tuple
 
 from datagen import __version__, paths, quota
 from datagen.config import ConfigError
@@ -24,6 +25,7 @@ from datagen.sources import Unusable, adapt, iter_source, to_prompt
 from datagen.util import (
     AtomicWriter,
     DatagenError,
+    bump,
     canonical_prompt,
     dumps,
     file_stamp,
@@ -50,8 +52,22 @@ def prepare_fingerprint(cfg: Any) -> str:
     ])
 
 
-def _bump(d: Dict[str, int], key: str, by: int = 1) -> None:
-    d[key] = d.get(key, 0) + by
+@dataclass
+class Existing:
+    """The existing set as prepare sees it: its composition, and its prompts as dedup keys."""
+
+    counts: Dict[str, int] = field(default_factory=dict)
+    keys: set = field(default_factory=set)
+    without_text: int = 0
+
+
+@dataclass
+class Supply:
+    """Pass 1's result: one seeded rank per usable row, by (source, category) bucket, and per-source stats."""
+
+    ranks: Dict[Tuple[str, str], array] = field(default_factory=dict)
+    bucket_no: Dict[Tuple[str, str], int] = field(default_factory=dict)
+    per_source: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
@@ -66,118 +82,28 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
             and os.path.getsize(out_path) == old.get("output_bytes")):
         return {"stage": "prepare", "skipped": True, "reason": "inputs and config unchanged", "written": old["written"],
                 "prompts": out_path, "manifest": man_path}
-
-    # existing set: composition, and its prompts into the dedup index
-    existing_keys: set = set()
-    existing_counts: Dict[str, int] = {}
-    existing_no_text = 0
-    if cfg.existing:
-        for _row, cat, msgs in iter_existing(cfg.existing):
-            _bump(existing_counts, cat)
-            if msgs:
-                try:
-                    existing_keys.add(prompt_key(to_prompt(msgs)))
-                except Unusable:
-                    existing_no_text += 1
-            else:
-                existing_no_text += 1
-
-    # a target_mix category nothing supplies (a typo) would be planned for and get 0 rows: refused here too,
-    # for a run that did not pass the role's check (datagen.mix)
-    mix_errors, mix_warnings = mix_findings(cfg.target_mix, source_categories(cfg.sources),
-                                            set(existing_counts) if cfg.existing else set())
-    if mix_errors:
-        raise ConfigError(mix_errors)
-    for warning in mix_warnings:
-        print(f"datagen prepare: {warning}", file=sys.stderr, flush=True)
-
-    seen: set = set()
-    ranks: Dict[Tuple[str, str], array] = {}
-    bucket_no: Dict[Tuple[str, str], int] = {}
-    per_source: Dict[str, Dict[str, Any]] = {}
-    manual = {s.name: s.count for s in cfg.sources if s.count is not None}
+    existing = read_existing(cfg)
+    check_mix(cfg, existing)
     spool_path = paths.in_work(work, paths.PREPARE_SPOOL)
     try:
         with open(spool_path, "w", encoding="utf-8") as spool:
-            for index, spec in enumerate(cfg.sources):
-                stats = per_source[spec.name] = {"read": 0, "usable": 0, "unusable": {}}
-                unusable = stats["unusable"]
-                for raw in iter_source(spec, index):
-                    stats["read"] += 1
-                    try:
-                        if raw is None:
-                            raise Unusable("malformed_json")
-                        messages, tools, category = adapt(spec, raw)
-                        chars = sum(len(m["content"]) for m in messages)
-                        if chars < cfg.prepare.min_prompt_chars:
-                            raise Unusable("too_short")
-                        if chars > cfg.prepare.max_prompt_chars:
-                            raise Unusable("too_long")
-                        if category not in cfg.target_mix and spec.name not in manual:
-                            raise Unusable("category_not_targeted")
-                        canonical = canonical_prompt(messages, tools)
-                        key = hash64(canonical)
-                        if key in existing_keys:
-                            raise Unusable("duplicate_existing")
-                        if key in seen:
-                            raise Unusable("duplicate")
-                    except Unusable as u:
-                        _bump(unusable, u.reason)
-                        continue
-                    seen.add(key)
-                    row: Dict[str, Any] = {
-                        "id": stable_id(spec.name, messages, tools, canonical), "source": spec.name,
-                        "category": category, "messages": messages,
-                    }
-                    if tools:
-                        row["tools"] = tools
-                    rank = unit_interval(cfg.seed, row["id"])
-                    bucket = (spec.name, category)
-                    if bucket not in ranks:
-                        ranks[bucket] = array("Q")
-                        bucket_no[bucket] = len(bucket_no)
-                    ranks[bucket].append(rank)
-                    # "rank bucket<TAB>json": pass 2 decides from the prefix and copies the JSON untouched
-                    spool.write(f"{rank} {bucket_no[bucket]}\t{dumps(row)}\n")
-                    stats["usable"] += 1
-
-        available = {k: len(v) for k, v in ranks.items()}
-        weights = {s.name: s.weight for s in cfg.sources}
-        the_plan = quota.plan(existing_counts, cfg.target_mix, cfg.target_total, available, weights, manual,
+            supply = spool_usable_rows(cfg, existing.keys, spool)
+        available = {k: len(v) for k, v in supply.ranks.items()}
+        the_plan = quota.plan(existing.counts, cfg.target_mix, cfg.target_total, available,
+                              {s.name: s.weight for s in cfg.sources}, manual_counts(cfg),
                               downsample=cfg.merge.allow_downsample)
         take: Dict[Tuple[str, str], int] = the_plan["take"]  # type: ignore[assignment]
-        thresholds = {k: _kth_smallest(ranks[k], n) for k, n in take.items() if n > 0}
-        del ranks
-
-        written: Dict[str, int] = {}
-        by_cat: Dict[str, int] = {}
-        buckets = {no: b for b, no in bucket_no.items()}
-        taken = {no: 0 for no in buckets}
-        limits = {no: take.get(b, 0) for no, b in buckets.items()}
-        cut = {no: thresholds.get(b, -1) for no, b in buckets.items()}
-        with AtomicWriter(out_path) as out, open(spool_path, encoding="utf-8") as spool_in:
-            for line in spool_in:
-                head, _sep, body = line.partition("\t")
-                rank_s, no_s = head.split(" ")
-                no = int(no_s)
-                if taken[no] >= limits[no] or int(rank_s) > cut[no]:
-                    continue
-                taken[no] += 1
-                out.write(body)
-        for no, n in taken.items():
-            if n:
-                src, cat = buckets[no]
-                _bump(written, src, n)
-                _bump(by_cat, cat, n)
+        thresholds = {k: quota.rank_threshold(supply.ranks[k], n) for k, n in take.items() if n > 0}
+        supply.ranks.clear()
+        written, by_cat = copy_chosen_rows(spool_path, out_path, supply.bucket_no, take, thresholds)
     finally:
         # the spool holds every usable row: never leave it behind, also after a failed read
         if os.path.exists(spool_path):
             os.unlink(spool_path)
-
     total_written = sum(written.values())
-    merged = dict(existing_counts)
+    merged = dict(existing.counts)
     for c, n in by_cat.items():
-        _bump(merged, c, n)
+        bump(merged, c, n)
     manifest = {
         "stage": "prepare",
         "fingerprint": fp,
@@ -189,14 +115,14 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
         "shortfall": max(0, cfg.target_total - total_written),
         "written_per_source": written,
         "written_per_category": by_cat,
-        "sources": per_source,
+        "sources": supply.per_source,
         "available": {f"{s}/{c}": n for (s, c), n in sorted(available.items())},
         "planned_per_category": the_plan["category_quota"],
         "planned": {f"{s}/{c}": n for (s, c), n in sorted(take.items())},
-        "existing": {"rows": sum(existing_counts.values()), "per_category": existing_counts,
-                     "rows_without_text": existing_no_text, "dedup_keys": len(existing_keys)},
-        "mix_before": _shares(existing_counts),
-        "mix_after_projected": _shares(merged),
+        "existing": {"rows": sum(existing.counts.values()), "per_category": existing.counts,
+                     "rows_without_text": existing.without_text, "dedup_keys": len(existing.keys)},
+        "mix_before": quota.shares(existing.counts),
+        "mix_after_projected": quota.shares(merged),
         "output_bytes": os.path.getsize(out_path),
         "seconds": round(time.monotonic() - t0, 3),
         "peak_rss_mib": round(peak_rss_mib(), 1),
@@ -206,18 +132,113 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
             "prompts": out_path, "manifest": man_path}
 
 
-def _kth_smallest(values: array, k: int) -> int:
-    if k >= len(values):
-        return 2**64 - 1
-    import numpy as np
-
-    arr = np.frombuffer(values, dtype=np.uint64)
-    return int(np.partition(arr, k - 1)[k - 1])
+def manual_counts(cfg: Any) -> Dict[str, int]:
+    """Sources with a fixed ``count``: planned by that count, whatever the mix says of their categories."""
+    return {s.name: s.count for s in cfg.sources if s.count is not None}
 
 
-def _shares(counts: Dict[str, int]) -> Dict[str, float]:
-    total = sum(counts.values())
-    return {c: round(n / total, 6) for c, n in sorted(counts.items())} if total else {}
+def read_existing(cfg: Any) -> Existing:
+    existing = Existing()
+    for _row, cat, msgs in iter_existing(cfg.existing) if cfg.existing else ():
+        bump(existing.counts, cat)
+        try:
+            if not msgs:
+                raise Unusable("no_text")
+            existing.keys.add(prompt_key(to_prompt(msgs)))
+        except Unusable:
+            existing.without_text += 1
+    return existing
+
+
+def check_mix(cfg: Any, existing: Existing) -> None:
+    """A target_mix category nothing supplies (a typo) would be planned for and get 0 rows: refused here too,
+    for a run that did not pass the role's check (datagen.mix)."""
+    mix_errors, mix_warnings = mix_findings(cfg.target_mix, source_categories(cfg.sources),
+                                            set(existing.counts) if cfg.existing else set())
+    if mix_errors:
+        raise ConfigError(mix_errors)
+    for warning in mix_warnings:
+        print(f"datagen prepare: {warning}", file=sys.stderr, flush=True)
+
+
+def spool_usable_rows(cfg: Any, existing_keys: set, spool: TextIO) -> Supply:
+    """Pass 1: read every source once; spool each usable, new row as "rank bucket<TAB>json"."""
+    supply = Supply()
+    seen: set = set()
+    manual = manual_counts(cfg)
+    for index, spec in enumerate(cfg.sources):
+        stats = supply.per_source[spec.name] = {"read": 0, "usable": 0, "unusable": {}}
+        for raw in iter_source(spec, index):
+            stats["read"] += 1
+            try:
+                messages, tools, category, canonical = usable_prompt(cfg, spec, raw, manual)
+                key = hash64(canonical)
+                if key in existing_keys:
+                    raise Unusable("duplicate_existing")
+                if key in seen:
+                    raise Unusable("duplicate")
+            except Unusable as u:
+                bump(stats["unusable"], u.reason)
+                continue
+            seen.add(key)
+            row: Dict[str, Any] = {
+                "id": stable_id(spec.name, messages, tools, canonical), "source": spec.name,
+                "category": category, "messages": messages,
+            }
+            if tools:
+                row["tools"] = tools
+            rank = unit_interval(cfg.seed, row["id"])
+            bucket = (spec.name, category)
+            if bucket not in supply.ranks:
+                supply.ranks[bucket] = array("Q")
+                supply.bucket_no[bucket] = len(supply.bucket_no)
+            supply.ranks[bucket].append(rank)
+            # pass 2 decides from the prefix and copies the JSON untouched
+            spool.write(f"{rank} {supply.bucket_no[bucket]}\t{dumps(row)}\n")
+            stats["usable"] += 1
+    return supply
+
+
+def usable_prompt(cfg: Any, spec: Any, raw: Any, manual: Dict[str, int]) -> Tuple[list, list, str, str]:
+    """(messages, tools, category, canonical text) of one source row, or :class:`Unusable` with the reason."""
+    if raw is None:
+        raise Unusable("malformed_json")
+    messages, tools, category = adapt(spec, raw)
+    chars = sum(len(m["content"]) for m in messages)
+    if chars < cfg.prepare.min_prompt_chars:
+        raise Unusable("too_short")
+    if chars > cfg.prepare.max_prompt_chars:
+        raise Unusable("too_long")
+    if category not in cfg.target_mix and spec.name not in manual:
+        raise Unusable("category_not_targeted")
+    return messages, tools, category, canonical_prompt(messages, tools)
+
+
+def copy_chosen_rows(spool_path: str, out_path: str, bucket_no: Dict[Tuple[str, str], int],
+                     take: Dict[Tuple[str, str], int], thresholds: Dict[Tuple[str, str], int]
+                     ) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """Pass 2: copy each bucket's rows ranked at or under its threshold, up to its take; (per source, per category)."""
+    buckets = {no: b for b, no in bucket_no.items()}
+    taken = {no: 0 for no in buckets}
+    limits = {no: take.get(b, 0) for no, b in buckets.items()}
+    cut = {no: thresholds.get(b, -1) for no, b in buckets.items()}
+    with AtomicWriter(out_path) as out, open(spool_path, encoding="utf-8") as spool_in:
+        for line in spool_in:
+            head, _sep, body = line.partition("\t")
+            rank_s, no_s = head.split(" ")
+            no = int(no_s)
+            if taken[no] >= limits[no] or int(rank_s) > cut[no]:
+                continue
+            taken[no] += 1
+            out.write(body)
+    written: Dict[str, int] = {}
+    by_cat: Dict[str, int] = {}
+    for no, n in taken.items():
+        if n:
+            src, cat = buckets[no]
+            bump(written, src, n)
+            bump(by_cat, cat, n)
+    return written, by_cat
 
 
 __all__ = ["run_prepare", "prepare_fingerprint", "DatagenError"]

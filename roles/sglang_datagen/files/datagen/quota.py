@@ -13,6 +13,7 @@ time, so they get nothing and the others are planned to land exactly on their mu
 
 from __future__ import annotations
 
+from array import array
 from typing import Dict, Hashable, Mapping, Optional, Tuple
 
 
@@ -159,3 +160,25 @@ def downsample_keep(counts: Mapping[str, int], mix: Mapping[str, float]) -> Dict
     for c in over:
         keep[c] = min(listed[c], int(round(merged * mix[c])))
     return keep
+
+
+def shares(counts: Mapping[str, int], places: Optional[int] = 6) -> Dict[str, float]:
+    """Each category's fraction of the rows (rounded to ``places``, None: exact); {} for no rows."""
+    total = sum(counts.values())
+    if not total:
+        return {}
+    return {c: (v / total if places is None else round(v / total, places)) for c, v in sorted(counts.items())}
+
+
+def rank_threshold(ranks: array, k: int) -> int:
+    """The rank at or under which exactly the ``k`` lowest-ranked rows fall (ranks are seeded 64-bit hashes).
+
+    -1 keeps none; k at or past the count keeps all. A rerun with the same seed chooses the same rows.
+    """
+    if k <= 0:
+        return -1
+    if k >= len(ranks):
+        return 2**64 - 1
+    import numpy as np  # the pipeline's venv has it (pyarrow needs it); quota's planning does not
+
+    return int(np.partition(np.frombuffer(ranks, dtype=np.uint64), k - 1)[k - 1])

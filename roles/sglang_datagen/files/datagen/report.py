@@ -13,6 +13,7 @@ import os
 from typing import Any, Dict, List, Optional
 
 from datagen import __version__, paths
+from datagen.quota import shares
 from datagen.util import AtomicWriter, DatagenError, fingerprint, read_json, write_json
 
 
@@ -20,16 +21,11 @@ def _pct(x: Optional[float]) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
-def _shares(counts: Dict[str, int]) -> Dict[str, float]:
-    total = sum(counts.values())
-    return {c: v / total for c, v in counts.items()} if total else {}
-
-
 def composition(before: Dict[str, int], new: Dict[str, int], after: Dict[str, int],
                 target: Dict[str, float]) -> List[Dict[str, Any]]:
     """One row per category: counts, shares, target and the distance after - target (percentage points)."""
     cats = sorted(set(before) | set(new) | set(after) | set(target))
-    sb, sa = _shares(before), _shares(after)
+    sb, sa = shares(before, places=None), shares(after, places=None)
     rows = []
     for c in cats:
         rows.append({

@@ -42,6 +42,7 @@ from datagen.gen.settings import DEFAULT_THINKING_SWITCH, chat_template_kwargs
 from datagen.sglang_chat import template_inputs
 from datagen.util import (
     DatagenError,
+    bump,
     file_stamp,
     fingerprint,
     fresh_build_dir,
@@ -199,10 +200,6 @@ def has_supervised_pair(mask: List[int]) -> bool:
     return any(a and b for a, b in zip(mask, mask[1:]))
 
 
-def _bump(d: Dict[str, int], key: str, by: int = 1) -> None:
-    d[key] = d.get(key, 0) + by
-
-
 def _prompt_ids(path: str) -> Optional[set]:
     """Hashed ids of the current prompts.jsonl (None when absent): generated rows of prompts that a
     later prepare run dropped must not reach the training data."""
@@ -220,14 +217,14 @@ def _rows(path: str, stats: Dict[str, Any], wanted: Optional[set] = None) -> Ite
     for _line_no, row in iter_jsonl(path):
         stats["rows_in"] += 1
         if not isinstance(row, dict) or not isinstance(row.get("messages"), list) or not row.get("id"):
-            _bump(stats["skipped"], "malformed_row")
+            bump(stats["skipped"], "malformed_row")
             continue
         key = hash64(str(row["id"]))
         if key in seen:
-            _bump(stats["skipped"], "duplicate_id")
+            bump(stats["skipped"], "duplicate_id")
             continue
         if wanted is not None and key not in wanted:
-            _bump(stats["skipped"], "not_in_prompts")
+            bump(stats["skipped"], "not_in_prompts")
             continue
         seen.add(key)
         yield row
@@ -374,16 +371,16 @@ def tokenize_rows(
     for row in rows:
         msgs = row["messages"]
         if not msgs or msgs[-1].get("role") != "assistant":
-            _bump(stats["skipped"], "no_assistant_turn")
+            bump(stats["skipped"], "no_assistant_turn")
             continue
         last = msgs[-1]
         if not (last.get("content") or "").strip() and not last.get("tool_calls") \
                 and not last.get("reasoning_content"):
-            _bump(stats["skipped"], "empty_response")
+            bump(stats["skipped"], "empty_response")
             continue
         ids = server_token_ids(row) if token_exact else None
         if token_exact and ids is None:
-            _bump(stats["skipped"], "no_server_token_ids")
+            bump(stats["skipped"], "no_server_token_ids")
             continue
         try:
             if ids is None:
@@ -391,7 +388,7 @@ def tokenize_rows(
             else:
                 text, spans, unstable = renderer.prompt_spans(msgs, row.get("tools"), supervise)
         except Skip as s:
-            _bump(stats["skipped"], s.reason)
+            bump(stats["skipped"], s.reason)
             continue
         texts.append(text)
         metas.append((row, spans, unstable, ids))
@@ -422,10 +419,10 @@ def tokenize_rows(
             input_ids, mask = input_ids[:max_length], mask[:max_length]
             stats["truncated"] += 1
         if not has_supervised_pair(mask):
-            _bump(stats["skipped"], "no_supervised_pair")
+            bump(stats["skipped"], "no_supervised_pair")
             continue
-        _bump(stats["finish_reason"], str(row.get("finish_reason")))
-        _bump(stats["per_category"], str(row.get("category")))
+        bump(stats["finish_reason"], str(row.get("finish_reason")))
+        bump(stats["per_category"], str(row.get("category")))
         stats["tokens"] += len(input_ids)
         stats["supervised_tokens"] += sum(mask)
         out.append({
@@ -452,7 +449,7 @@ def check_prompt(row: Dict[str, Any], rendered: List[int], server: List[int], st
         return "exact"
     reason, first = diff
     pc["mismatched"] += 1
-    _bump(pc["reasons"], reason)
+    bump(pc["reasons"], reason)
     length_diff = abs(len(rendered) - len(server))
     pc["max_abs_diff"] = max(pc["max_abs_diff"], length_diff)
     if len(pc["examples"]) < 10:
@@ -465,7 +462,7 @@ def check_prompt(row: Dict[str, Any], rendered: List[int], server: List[int], st
             f"tokenize.prompt_check: row {row['id']}: the rendered prompt ({len(rendered)} tokens) differs from the "
             f"server's prompt_token_ids ({len(server)} tokens) from position {first} ({reason}); the tokenizer or "
             "chat template here is not the server's (set tokenizer to the served model's, or prompt_check: warn)")
-    _bump(stats["skipped"], "prompt_token_mismatch")
+    bump(stats["skipped"], "prompt_token_mismatch")
     return None
 
 

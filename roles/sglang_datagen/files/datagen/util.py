@@ -22,6 +22,11 @@ class DatagenError(RuntimeError):
 
 # ---------------------------------------------------------------- hashing
 
+def bump(counts: Dict[str, int], key: str, by: int = 1) -> None:
+    """Add ``by`` to ``counts[key]`` (a plain dict, as the manifests write it)."""
+    counts[key] = counts.get(key, 0) + by
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean X?)`` when a known name is close enough to NAME to be its typo (difflib, cutoff 0.6, as the
     collection's unknown_variables filter), else ''."""
