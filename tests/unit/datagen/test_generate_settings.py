@@ -172,3 +172,27 @@ def test_prompt_messages_regenerates_only_a_trailing_assistant_turn():
 def test_bad_rows_are_named(row, problem):
     assert problem in check_row(row)
     assert check_row({"id": "a", "messages": [{"role": "user", "content": "x"}]}) is None
+
+
+def test_an_empty_generate_section_gives_every_field_its_one_default():
+    from dataclasses import MISSING, fields
+
+    from datagen.gen.settings import DEFAULT_MAX_TOKENS, GenerateSettings
+
+    s = settings_from_config({"servers": ["http://127.0.0.1:30000"]})
+    for f in fields(GenerateSettings):
+        if f.default is not MISSING:
+            assert getattr(s, f.name) == f.default, f.name
+    assert s.sampling == {"max_tokens": DEFAULT_MAX_TOKENS} and s.chat_template_kwargs == {} and s.extra_body == {}
+
+
+@pytest.mark.parametrize("key", sorted({"load_interval", "request_timeout", "concurrency_min", "retries", "limit",
+                                        "max_consecutive_failures", "fewer_workers_max_wait"}))
+def test_each_numeric_setting_refuses_a_value_below_its_least_and_a_string(key):
+    from datagen.gen.settings import INTEGERS, NUMBERS
+
+    least = {**NUMBERS, **INTEGERS}[key]
+    for bad in (least - 1, "5"):
+        with pytest.raises(ConfigError, match=r"generate\.%s: .*; set an? (number|integer) >= " % key):
+            settings_from_config(cfg(generate={key: bad}))
+    assert getattr(settings_from_config(cfg(generate={key: least})), key) == least

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
 from ..config import ConfigError
+
+DEFAULT_MAX_TOKENS = 2048  # sampling.max_tokens when the config sets none
 
 # Sampling keys SGLang's OpenAI-compatible endpoint accepts, with the JSON type each must have.
 _NUM = (int, float)
@@ -35,13 +37,6 @@ SAMPLING_KEYS: Dict[str, Tuple[type, ...]] = {
     "no_stop_trim": (bool,),
 }
 
-GENERATE_KEYS = {
-    "concurrency", "retries", "backoff_base", "backoff_max", "request_timeout", "connect_timeout",
-    "fsync_interval", "progress_interval", "ready_timeout", "ready_interval", "shutdown_grace",
-    "thinking", "chat_template_kwargs", "api_key_env", "limit", "extra_body", "tool_choice",
-    "max_consecutive_failures", "concurrency_min", "concurrency_max", "queue_target", "load_interval",
-    "workers", "workers_interval", "fewer_workers", "fewer_workers_max_wait", "thinking_switch",
-}
 # generate.fewer_workers: what new requests do while fewer of generate.workers serve than are listed there
 FEWER_WORKERS = ("continue", "wait")
 
@@ -86,7 +81,7 @@ class GenerateSettings:
 
     servers: Tuple[str, ...]
     model: Optional[str]  # None: take the first model the servers list under /v1/models
-    sampling: Dict[str, Any] = field(default_factory=lambda: {"max_tokens": 2048})
+    sampling: Dict[str, Any] = field(default_factory=lambda: {"max_tokens": DEFAULT_MAX_TOKENS})
     thinking: bool = False
     thinking_switch: str = DEFAULT_THINKING_SWITCH
     chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
@@ -136,17 +131,33 @@ def _fail(key: str, problem: str, fix: str) -> ConfigError:
     return ConfigError(f"{key}: {problem}; {fix}")
 
 
-def _number(section: Mapping[str, Any], name: str, default: float, minimum: float, prefix: str = "generate") -> float:
-    value = section.get(name, default)
+# The generate section's keys are GenerateSettings' own fields (servers, model and sampling are top-level keys),
+# and each default is the field's: written once, in the dataclass above.
+GENERATE_KEYS = {f.name for f in fields(GenerateSettings)} - {"servers", "model", "sampling"}
+DEFAULTS: Dict[str, Any] = {f.name: f.default for f in fields(GenerateSettings) if f.default is not MISSING}
+# the numeric settings and the least value each accepts
+NUMBERS: Dict[str, float] = {
+    "load_interval": 0.05, "backoff_base": 0.0, "backoff_max": 0.0, "request_timeout": 0.1, "connect_timeout": 0.1,
+    "fsync_interval": 0.01, "progress_interval": 0.01, "ready_timeout": 0.0, "ready_interval": 0.01,
+    "shutdown_grace": 0.0, "workers_interval": 0.05, "fewer_workers_max_wait": 0.0,
+}
+INTEGERS: Dict[str, int] = {
+    "concurrency_min": 1, "concurrency_max": 1, "queue_target": 1, "retries": 0, "limit": 0,
+    "max_consecutive_failures": 1,
+}
+
+
+def _number(section: Mapping[str, Any], name: str, minimum: float) -> float:
+    value = section.get(name, DEFAULTS[name])
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(f"{prefix}.{name}", f"expected a number, got {value!r}", f"set a number >= {minimum}")
+        raise _fail(f"generate.{name}", f"expected a number, got {value!r}", f"set a number >= {minimum}")
     if value < minimum:
-        raise _fail(f"{prefix}.{name}", f"{value!r} is below {minimum}", f"set a number >= {minimum}")
+        raise _fail(f"generate.{name}", f"{value!r} is below {minimum}", f"set a number >= {minimum}")
     return float(value)
 
 
-def _integer(section: Mapping[str, Any], name: str, default: Optional[int], minimum: int) -> Optional[int]:
-    value = section.get(name, default)
+def _integer(section: Mapping[str, Any], name: str, minimum: int) -> Optional[int]:
+    value = section.get(name, DEFAULTS[name])
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
@@ -229,7 +240,7 @@ def parse_sampling(raw: Any) -> Dict[str, Any]:
         if not isinstance(value, types):
             raise _fail(f"sampling.{key}", f"expected {'/'.join(t.__name__ for t in types)}, got {value!r}", "fix the value")
         out[key] = value
-    out.setdefault("max_tokens", 2048)
+    out.setdefault("max_tokens", DEFAULT_MAX_TOKENS)
     if out["max_tokens"] < 1:
         raise _fail("sampling.max_tokens", f"{out['max_tokens']!r} is below 1", "set a positive token budget")
     if out.get("n", 1) != 1:
@@ -264,7 +275,7 @@ def _router_workers(section: Mapping[str, Any], servers: Tuple[str, ...]) -> Tup
 
 
 def _fewer_workers(section: Mapping[str, Any]) -> str:
-    value = section.get("fewer_workers", "continue")
+    value = section.get("fewer_workers", DEFAULTS["fewer_workers"])
     if value not in FEWER_WORKERS:
         raise _fail("generate.fewer_workers", f"{value!r} is not continue or wait",
                     "write continue (go on with the workers that serve) or wait (send no new request until every "
@@ -284,11 +295,27 @@ def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
     unknown = sorted(set(section) - GENERATE_KEYS)
     if unknown:
         raise _fail(f"generate.{unknown[0]}", "unknown key", "use one of " + ", ".join(sorted(GENERATE_KEYS)))
-    thinking = section.get("thinking", False)
+    values: Dict[str, Any] = {name: _number(section, name, least) for name, least in NUMBERS.items()}
+    values.update((name, _integer(section, name, least)) for name, least in INTEGERS.items())
+    for low, high in (("concurrency_min", "concurrency_max"), ("backoff_base", "backoff_max")):
+        if values[high] < values[low]:
+            raise _fail(f"generate.{high}", f"{values[high]} is below {low} {values[low]}", f"raise {high} or lower {low}")
+    servers = parse_servers(raw["servers"])
+    return GenerateSettings(
+        servers=servers, model=parse_model(raw.get("model")), sampling=parse_sampling(raw.get("sampling")),
+        **_thinking(section), extra_body=_extra_body(section), tool_choice=_tool_choice(section),
+        concurrency=_concurrency(section), api_key_env=_api_key_env(section),
+        workers=_router_workers(section, servers), fewer_workers=_fewer_workers(section), **values,
+    )
+
+
+def _thinking(section: Mapping[str, Any]) -> Dict[str, Any]:
+    """generate.thinking, thinking_switch and chat_template_kwargs, which must agree with each other."""
+    thinking = section.get("thinking", DEFAULTS["thinking"])
     if not isinstance(thinking, bool):
         raise _fail("generate.thinking", f"expected true or false, got {thinking!r}",
                     "say whether the chat template should think (sent as generate.thinking_switch)")
-    switch = section.get("thinking_switch", DEFAULT_THINKING_SWITCH)
+    switch = section.get("thinking_switch", DEFAULTS["thinking_switch"])
     if not isinstance(switch, str) or not _SWITCH_NAME.match(switch):
         raise _fail("generate.thinking_switch", f"expected the chat template's thinking kwarg, got {switch!r}",
                     f"write e.g. enable_thinking (Qwen3) or thinking (DeepSeek-V3.1), {NO_THINKING} for a template "
@@ -302,56 +329,27 @@ def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
     if switches:
         raise _fail(f"generate.chat_template_kwargs.{switches[0]}", "a thinking switch is set through generate.thinking",
                     f"move it to generate.thinking (sent as {switch}, generate.thinking_switch)")
+    return {"thinking": thinking, "thinking_switch": switch, "chat_template_kwargs": kwargs}
+
+
+def _extra_body(section: Mapping[str, Any]) -> Dict[str, Any]:
     extra_body = _mapping(section, "extra_body")
     clash = sorted(set(extra_body) & ({"model", "messages", "tools", "chat_template_kwargs", "stream"} | set(SAMPLING_KEYS)))
     if clash:
         raise _fail(f"generate.extra_body.{clash[0]}", "is set elsewhere", "use sampling / generate.thinking / model")
-    tool_choice = section.get("tool_choice", "auto")
+    return extra_body
+
+
+def _tool_choice(section: Mapping[str, Any]) -> str:
+    tool_choice = section.get("tool_choice", DEFAULTS["tool_choice"])
     if tool_choice not in ("auto", "required", "none"):
         raise _fail("generate.tool_choice", f"{tool_choice!r} is not auto, required or none", "pick one of those")
+    return str(tool_choice)
+
+
+def _api_key_env(section: Mapping[str, Any]) -> Optional[str]:
     api_key_env = section.get("api_key_env")
     if api_key_env is not None and (not isinstance(api_key_env, str) or not api_key_env):
         raise _fail("generate.api_key_env", f"expected an environment variable name, got {api_key_env!r}",
                     "name the variable holding the key (the key itself never goes in the config)")
-    concurrency_min = int(_integer(section, "concurrency_min", 8, 1) or 8)
-    concurrency_max = int(_integer(section, "concurrency_max", 1024, 1) or 1024)
-    if concurrency_max < concurrency_min:
-        raise _fail("generate.concurrency_max", f"{concurrency_max} is below concurrency_min {concurrency_min}",
-                    "raise concurrency_max or lower concurrency_min")
-    backoff_base = _number(section, "backoff_base", 0.5, 0.0)
-    backoff_max = _number(section, "backoff_max", 30.0, 0.0)
-    if backoff_max < backoff_base:
-        raise _fail("generate.backoff_max", f"{backoff_max} is below backoff_base {backoff_base}", "raise it")
-    servers = parse_servers(raw["servers"])
-    return GenerateSettings(
-        servers=servers,
-        model=parse_model(raw.get("model")),
-        sampling=parse_sampling(raw.get("sampling")),
-        thinking=thinking,
-        thinking_switch=switch,
-        chat_template_kwargs=kwargs,
-        extra_body=extra_body,
-        tool_choice=tool_choice,
-        concurrency=_concurrency(section),
-        concurrency_min=concurrency_min,
-        concurrency_max=concurrency_max,
-        queue_target=int(_integer(section, "queue_target", 8, 1) or 8),
-        load_interval=_number(section, "load_interval", 1.0, 0.05),
-        retries=int(_integer(section, "retries", 8, 0) or 0),
-        backoff_base=backoff_base,
-        backoff_max=backoff_max,
-        request_timeout=_number(section, "request_timeout", 900.0, 0.1),
-        connect_timeout=_number(section, "connect_timeout", 10.0, 0.1),
-        fsync_interval=_number(section, "fsync_interval", 1.0, 0.01),
-        progress_interval=_number(section, "progress_interval", 1.0, 0.01),
-        ready_timeout=_number(section, "ready_timeout", 1800.0, 0.0),
-        ready_interval=_number(section, "ready_interval", 2.0, 0.01),
-        shutdown_grace=_number(section, "shutdown_grace", 15.0, 0.0),
-        api_key_env=api_key_env,
-        limit=_integer(section, "limit", None, 0),
-        max_consecutive_failures=int(_integer(section, "max_consecutive_failures", 200, 1) or 200),
-        workers=_router_workers(section, servers),
-        workers_interval=_number(section, "workers_interval", 15.0, 0.05),
-        fewer_workers=_fewer_workers(section),
-        fewer_workers_max_wait=_number(section, "fewer_workers_max_wait", 1800.0, 0.0),
-    )
+    return api_key_env
