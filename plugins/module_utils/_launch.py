@@ -8,11 +8,11 @@ train (or the reason it is not) out.
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets).
 
-The pure parts (:func:`apply_overrides`, :func:`launch_plan`, :func:`running_in_panes`, :func:`first_step_after`,
-:func:`gpus_held`) take data and return data. The impure ones are few: :class:`Tmux` runs ``tmux`` (each call
-bounded), :func:`find_running` and :func:`watch` read ``/proc`` and the pane, and :func:`start_training`, the
-module's one call, puts them together. The command is always an argv handed to tmux, never a shell string: tmux
-(>= 2.0) runs a command given as several arguments without ``sh -c``.
+Here: the job's command (:func:`apply_overrides`, :func:`env_values`), the one tmux command line that starts it
+(:func:`launch_plan`), and :func:`start_training`, the module's one call, which puts the parts together. Elsewhere:
+tmux itself (``_tmux``), the GPUs the job must hold (``_launch_gpus``), the wait until it proves it trains
+(``_launch_watch``) and the launch record (``_launch_record``). The command is always an argv handed to tmux,
+never a shell string: tmux (>= 2.0) runs a command given as several arguments without ``sh -c``.
 """
 
 from __future__ import annotations
@@ -22,43 +22,42 @@ import pwd
 import re
 import shlex
 import shutil
-import subprocess
 import time
 import typing as t
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint import step_from_name
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import (
-    backend_pids_are_ours,
-    classify_holders,
-    device_gpu_index,
-    device_identities,
-    scan_holders,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError, GpuInfo, GpuProcess, Holder
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_gpus import GpuWatch, busy_holders
 from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import RecordError, record_path
 from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import read_record as read_record_file
-from ansible_collections.gpuops.repurpose.plugins.module_utils._nvml import open_backend
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_watch import (
+    TAIL_LINES,
+    Watched,
+    last_output,
+    read_death,
+    running_in_panes,
+    tail_lines,
+    watch,
+)
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import closure, read_table
-from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import last_step, tmux_capture_argv
-from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
+from ansible_collections.gpuops.repurpose.plugins.module_utils._select import read_table
+from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
+    Pane,
+    Tmux,
+    TmuxError,
+    format_escape,
+    tmux_arg,
+    tmux_prefix,
+)
 
 DEFAULT_STEP_REGEX = r"\bstep\s+(\d+)"
 DEFAULT_GPU_DEVICES = ("/dev/nvidia[0-9]*",)
-TAIL_LINES = 30
-STEP_LINES = 2000  # the pane history searched for the first step line (tmux keeps 2000 lines by default)
-TMUX_TIMEOUT = 10.0
-DEAD_STATUS_WAIT = 3.0  # tmux can mark a pane dead (pty EOF) a moment before it has reaped the exit status
 # tmux 3.0: new-window -e; the command-line parser whose rules tmux_arg escapes for. tmux 3.2: new-session -e.
 MIN_TMUX = (3, 0)
 NEW_SESSION_ENV_TMUX = (3, 2)
 # printed by new-session/new-window -P: what the wait follows
 NEW_PANE_FORMAT = "#{pane_id}\t#{pane_pid}\t#{window_id}"
-# session_name last: it is the one field that could hold a tab
-PANES_FORMAT = ("#{pane_id}\t#{pane_pid}\t#{pane_dead}\t#{pane_dead_status}\t#{pane_dead_signal}\t#{window_id}\t"
-                "#{window_index}\t#{window_name}\t#{session_name}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NUMBER = re.compile(r"^-\d+(\.\d*)?$")
 # tmux rewrites ':' and '.' in a session name to '_' and expands '#' as a format in -s and -n: a name holding one
@@ -174,12 +173,6 @@ def name_problem(option: str, name: str, bad: str) -> str:
 
 # ---------------------------------------------------------------- the tmux command
 
-def parse_tmux_version(text: str) -> tuple[int, int] | None:
-    """``tmux 3.3a`` -> (3, 3); ``tmux next-3.4`` -> (3, 4); None when there is no number (``tmux master``)."""
-    match = re.search(r"(\d+)\.(\d+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else None
-
-
 def version_problem(version: tuple[int, int] | None, new_session: bool, with_env: bool, session: str = "") -> str:
     """Why this tmux cannot run the launch ('' when it can; an unnumbered build is taken as recent)."""
     if version is None:
@@ -193,23 +186,6 @@ def version_problem(version: tuple[int, int] | None, new_session: bool, with_env
                 "session first (tmux new-session -d -s %s) so that the job starts in a new window of it (new-window "
                 "-e works from tmux 3.0), or upgrade tmux" % (shown, session or "SESSION"))
     return ""
-
-
-def tmux_arg(arg: str) -> str:
-    """An argument tmux passes on unchanged: tmux splits its command line at any argument ending in ';' (the
-    command separator), unless the ';' is escaped with a backslash, which it then drops."""
-    return arg[:-1] + "\\;" if arg.endswith(";") else arg
-
-
-def format_escape(text: str) -> str:
-    """tmux expands -c (and -n, -s) as a format: '##' is a literal '#'."""
-    return text.replace("#", "##")
-
-
-def tmux_prefix(run_as: str | None = None, socket: str | None = None) -> list[str]:
-    """``tmux [-S SOCKET]``, behind ``runuser -u USER --`` to reach USER's tmux server (and start the job as USER)."""
-    argv = ["runuser", "-u", run_as, "--"] if run_as else []
-    return argv + ["tmux"] + (["-S", socket] if socket else [])
 
 
 def launch_plan(argv: t.Sequence[str], cwd: str, session: str, window: str, env: t.Mapping[str, str],
@@ -241,340 +217,6 @@ def launch_plan(argv: t.Sequence[str], cwd: str, session: str, window: str, env:
 def plan_lines(command: t.Sequence[str], run_as: str | None, what: str) -> list[str]:
     lines = ["start as user %s through runuser (its own tmux server)" % run_as] if run_as else []
     return lines + [shlex.join(command), what]
-
-
-# ---------------------------------------------------------------- panes and processes
-
-@dataclass(frozen=True)
-class PaneState:
-    pane_id: str
-    pid: int
-    dead: bool
-    exit_status: int | None  # negative: killed by that signal (as Python's returncode)
-    window_id: str
-    window_index: int
-    window_name: str
-
-
-def parse_pane_states(text: str, session: str) -> list[PaneState]:
-    """The panes of exactly ``session`` from ``list-panes -a -F PANES_FORMAT`` output (tmux's own target lookup is
-    fuzzy: ``-t =name`` may still resolve to a session with a longer name)."""
-    panes = []
-    for line in text.splitlines():
-        words = line.split("\t", 8)
-        if len(words) != 9 or words[8] != session or not words[0].startswith("%") or not words[1].isdigit():
-            continue
-        status = int(words[3]) if words[3].lstrip("-").isdigit() else None
-        if status is None and words[4].isdigit() and int(words[4]):
-            status = -int(words[4])
-        panes.append(PaneState(words[0], int(words[1]), words[2] == "1", status, words[5],
-                               int(words[6]) if words[6].isdigit() else 0, words[7]))
-    return panes
-
-
-def same_argv(cmdline: t.Sequence[str], wanted: t.Sequence[str]) -> bool:
-    """The same command: equal arguments, and the same program (equal argv[0], or equal base names: a
-    ``python3`` started through a pyenv or venv shim shows its interpreter's full path)."""
-    if not cmdline or len(cmdline) != len(wanted) or tuple(cmdline[1:]) != tuple(wanted[1:]):
-        return False
-    return cmdline[0] == wanted[0] or os.path.basename(cmdline[0]) == os.path.basename(wanted[0])
-
-
-def running_in_panes(panes: t.Sequence[PaneState], table: t.Mapping[int, ProcessInfo],
-                     argv: t.Sequence[str]) -> list[tuple[PaneState, ProcessInfo]]:
-    """The processes running ``argv`` in the live panes (any window), each with its pane: the pane's process or
-    one below it (a job typed at the pane's shell). A dead pane's PID is not looked at: it may be reused."""
-    children: dict[int, list[int]] = {}
-    for pid, info in table.items():
-        children.setdefault(info.ppid, []).append(pid)
-    found = []
-    for pane in panes:
-        if pane.dead:
-            continue
-        frontier, seen = [pane.pid], {pane.pid}
-        while frontier:  # bounded: each pid once
-            pid = frontier.pop(0)
-            info = table.get(pid)
-            if info is None:
-                continue
-            if same_argv(info.cmdline, argv):
-                found.append((pane, info))
-                continue  # its own children (workers) are the job, not another copy
-            for kid in sorted(children.get(pid, ())):
-                if kid not in seen:
-                    seen.add(kid)
-                    frontier.append(kid)
-    return found
-
-
-def job_tree(root: int, table: t.Mapping[int, ProcessInfo]) -> list[dict[str, t.Any]]:
-    """The job: the root, its descendants, and its process group and session when it leads them (workers a
-    launcher double-forked stay in its session), launchers first."""
-    members = closure({root: "job"}, table, lambda info: True)
-    ordered = sorted(members.values(), key=lambda m: (m.depth, m.pid))
-    return [{"pid": m.pid, "ppid": m.info.ppid, "cmdline": m.info.command} for m in ordered]
-
-
-# ---------------------------------------------------------------- GPUs
-
-@dataclass(frozen=True)
-class GpuTarget:
-    wanted: str  # as the gpus option gives it
-    index: int | None
-    uuid: str | None
-
-
-def resolve_gpus(wanted: t.Sequence[str], backend_gpus: t.Sequence[GpuInfo] | None,
-                 device_indices: t.Collection[int], devices_text: str) -> list[GpuTarget]:
-    """Each expected GPU by index and UUID. Without a backend (no NVML, no nvidia-smi) only indices can be named,
-    and each must have a device file among gpu_devices; an unknown GPU is an error before anything moves."""
-    targets = []
-    for item in wanted:
-        item = str(item).strip()
-        if backend_gpus is not None:
-            gpu = next((g for g in backend_gpus if str(g.index) == item or g.uuid.lower() == item.lower()), None)
-            if gpu is None:
-                raise LaunchError("gpus: no GPU %r here; present: %s" % (
-                    item, ", ".join("%d (%s)" % (g.index, g.uuid) for g in backend_gpus) or "none"))
-            targets.append(GpuTarget(item, gpu.index, gpu.uuid))
-        elif item.isdigit():
-            if int(item) not in device_indices:
-                raise LaunchError("gpus: no device file for GPU %s among gpu_devices (%s)" % (item, devices_text))
-            targets.append(GpuTarget(item, int(item), None))
-        else:
-            raise LaunchError("gpus: %r is not an index, and neither NVML nor nvidia-smi answers here to map a UUID to "
-                              "one; name the GPUs by index (checked through gpu_devices)" % item)
-    return targets
-
-
-def gpus_held(targets: t.Sequence[GpuTarget], tree: t.Collection[int], holders: t.Sequence[Holder],
-              backend_processes: t.Sequence[GpuProcess]) -> list[dict[str, t.Any]]:
-    """The expected GPUs that the job's processes hold: a device file open (``/dev/nvidiaN``), or listed on the GPU
-    by NVML / nvidia-smi (where its PIDs are ours), with the PIDs and how it was seen."""
-    held = []
-    for target in targets:
-        by_device = {h.pid for h in holders if h.pid in tree and target.index is not None and h.gpu == target.index}
-        by_backend = {p.pid for p in backend_processes if p.pid in tree and target.uuid and p.gpu_uuid == target.uuid}
-        if by_device or by_backend:
-            held.append({"gpu": target.wanted, "index": target.index, "uuid": target.uuid,
-                         "pids": sorted(by_device | by_backend),
-                         "via": sorted((["device"] if by_device else []) + (["backend"] if by_backend else []))})
-    return held
-
-
-def busy_holders(targets: t.Sequence[GpuTarget], holders: t.Sequence[Holder]) -> list[Holder]:
-    """Processes already holding an expected GPU before the launch: the new job would fail on it, or share it."""
-    indices = {target.index for target in targets}
-    return [h for h in holders if h.gpu is not None and h.gpu in indices]
-
-
-class GpuWatch:
-    """Samples who holds the expected GPUs: the device-file scan first, the backend only when that is not enough."""
-
-    def __init__(self, wanted: t.Sequence[str], patterns: t.Sequence[str]) -> None:
-        self.patterns = list(patterns)
-        self.notes: list[str] = []
-        self.backend: t.Any = None
-        self.targets: list[GpuTarget] = []
-        self.deadline: Deadline | None = None  # the wait's, once it runs
-        if not wanted:
-            return
-        gpus = None
-        try:
-            self.backend = open_backend("auto", "nvidia-smi", call_timeout=self.call_timeout)
-            gpus = list(self.backend.sample().gpus)
-        except GpuError as exc:
-            self.close()
-            self.notes.append("GPUs checked through gpu_devices only (no NVML or nvidia-smi answer: %s)" % exc)
-        devices = device_identities(self.patterns)
-        indices = {i for i in (device_gpu_index(path) for path in devices.values()) if i is not None}
-        self.targets = resolve_gpus(wanted, gpus, indices, "%s matched %s" % (
-            ", ".join(self.patterns), ", ".join(sorted(devices.values())) or "nothing"))
-
-    def call_timeout(self) -> float:
-        """Seconds one nvidia-smi call may take: never past the wait's deadline (30 s before the wait starts)."""
-        return 30.0 if self.deadline is None else max(0.5, min(30.0, self.deadline.remaining()))
-
-    def holders(self) -> list[Holder]:
-        """Every process holding a device file of gpu_devices, driver tools (nvidia-smi, ...) left out."""
-        found = scan_holders(self.patterns, exclude_pids={os.getpid()})
-        return classify_holders(found, None, DEFAULT_IGNORE_PROCESSES, None)[0]
-
-    def held(self, tree: t.Collection[int]) -> list[dict[str, t.Any]]:
-        holders = self.holders()
-        held = gpus_held(self.targets, tree, holders, ())
-        if len(held) == len(self.targets) or self.backend is None or not backend_pids_are_ours():
-            return held
-        try:
-            sample = self.backend.sample()
-            sample.ensure_processes()
-        except GpuError as exc:
-            self.notes.append("GPU backend failed (%s); GPUs checked through gpu_devices only from then on" % exc)
-            self.close()
-            return held
-        return gpus_held(self.targets, tree, holders, sample.processes or ())
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.close()
-            self.backend = None
-
-
-# ---------------------------------------------------------------- tmux calls
-
-def tmux_env() -> dict[str, str]:
-    # $TMUX would point the client at the server this module runs under (a local connection from inside tmux),
-    # whatever user it is meant to reach
-    return {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}
-
-
-class Tmux:
-    """tmux as the job's user (through runuser when that is not this module's), on its server (or ``socket``)."""
-
-    def __init__(self, run_as: str | None = None, socket: str | None = None, timeout: float = TMUX_TIMEOUT) -> None:
-        self.run_as, self.socket, self.timeout = run_as, socket, timeout
-
-    def run(self, *args: str) -> subprocess.CompletedProcess:
-        return self.run_argv(tmux_prefix(self.run_as, self.socket) + list(args))
-
-    def run_argv(self, argv: t.Sequence[str]) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, timeout=self.timeout,
-                                  check=False, env=tmux_env(), text=True, errors="replace")
-        except FileNotFoundError:
-            raise LaunchError("%s is not installed on the target" % argv[0]) from None
-        except subprocess.TimeoutExpired:
-            raise LaunchError("'%s' did not answer within %g s; check the tmux server" % (
-                shlex.join(argv[:6]), self.timeout)) from None
-
-    def version(self) -> tuple[int, int] | None:
-        done = self.run("-V")
-        return parse_tmux_version(done.stdout) if done.returncode == 0 else None
-
-    def panes(self, session: str) -> list[PaneState]:
-        """The panes of ``session``; none when there is no server or session (not an error)."""
-        done = self.run("list-panes", "-a", "-F", PANES_FORMAT)
-        return parse_pane_states(done.stdout, session) if done.returncode == 0 else []
-
-    def capture(self, pane_id: str, lines: int) -> str | None:
-        """The last ``lines`` lines of the pane (joined where they wrapped); None when tmux cannot say."""
-        runuser = tmux_prefix(self.run_as)[:-1]  # runuser -u USER -- (or nothing)
-        done = self.run_argv(runuser + tmux_capture_argv(pane_id, lines, socket=self.socket))
-        return done.stdout if done.returncode == 0 else None
-
-
-def find_running(session: str, argv: t.Sequence[str], tmux: Tmux | None = None) -> list[tuple[PaneState, ProcessInfo]]:
-    """The processes in ``session``'s live panes (any window) whose full argv is ``argv``."""
-    tmux = tmux or Tmux()
-    panes = tmux.panes(session)
-    return running_in_panes(panes, read_table(light=True), argv) if panes else []
-
-
-# ---------------------------------------------------------------- the wait
-
-def first_step_after(text: str, step_regex: t.Pattern[str], min_step: int | None) -> tuple[str, int] | None:
-    """The first line of ``text`` whose step (``step_regex``'s first group, else the first number of the hit) is
-    above ``min_step`` (any step when None), with that step."""
-    for line in text.splitlines():
-        step = last_step(line, step_regex)
-        if step is not None and (min_step is None or step > min_step):
-            return line.strip(), step
-    return None
-
-
-def _strip_blank_end(lines: list[str]) -> list[str]:
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
-
-
-def tail_lines(text: str, count: int = TAIL_LINES) -> list[str]:
-    """The last ``count`` lines of a capture, without the empty screen rows below them (nor those between the job's
-    last line and the line tmux writes at the bottom of a dead pane)."""
-    lines = _strip_blank_end([line.rstrip() for line in text.splitlines()])
-    footer = [lines.pop()] if lines and lines[-1].startswith("Pane is dead") else []
-    return (_strip_blank_end(lines) + footer)[-count:]
-
-
-def last_output(tail: t.Sequence[str], count: int = 3) -> str:
-    """The job's own last lines, for a message (tmux's dead-pane line says nothing the exit status does not)."""
-    lines = [line for line in tail if line and not line.startswith("Pane is dead")]
-    return " | ".join(lines[-count:]) or "no output"
-
-
-@dataclass
-class Watched:
-    """What the wait saw; ``state`` is proven, died, timed_out or sampled (check mode: one look)."""
-
-    state: str = ""
-    tree: list[dict[str, t.Any]] = field(default_factory=list)
-    held: list[dict[str, t.Any]] = field(default_factory=list)
-    step: tuple[str, int] | None = None
-    last_step: int | None = None
-    exit_status: int | None = None
-    tail: list[str] = field(default_factory=list)
-    pane_gone: bool = False
-
-
-def dead_pane(tmux: Tmux, session: str, pane_id: str, clock: t.Callable[[], float] = time.monotonic,
-              sleep: t.Callable[[float], None] = time.sleep) -> PaneState | None:
-    """The pane once tmux has its exit status (bounded by DEAD_STATUS_WAIT); None when the pane is gone.
-
-    tmux (3.3a, measured: about one launch in ten of a job that exits at once) can miss the SIGCHLD of a pane's
-    process: the pane shows dead (its pty closed) but the process stays an unreaped zombie and the status never
-    comes. The next exit of any child of the server makes tmux reap them all, so while the status is missing a
-    ``run-shell true`` (a child of the server's, a fixed command) is started every half second.
-    """
-    end = clock() + DEAD_STATUS_WAIT
-    nudge_at = clock() + 0.2
-    while True:
-        pane = next((p for p in tmux.panes(session) if p.pane_id == pane_id), None)
-        if pane is None or (pane.dead and pane.exit_status is not None) or clock() >= end:
-            return pane
-        if pane.dead and clock() >= nudge_at:
-            tmux.run("run-shell", "true")
-            nudge_at = clock() + 0.5
-        sleep(0.05)
-
-
-def watch(tmux: Tmux, session: str, pane_id: str, root: tuple[int, int], gpus: GpuWatch,
-          step_regex: t.Pattern[str] | None, min_step: int | None, timeout: float, interval: float,
-          one_look: bool = False, sleep: t.Callable[[float], None] = time.sleep) -> Watched:
-    """Until the job proves it trains (its processes hold every expected GPU, and the pane shows a step above
-    ``min_step``), it exits, or ``timeout`` passes. Bounded; it never starts anything."""
-    deadline = gpus.deadline = Deadline(timeout)
-    seen = Watched()
-    while True:
-        table = read_table(light=True)
-        info = table.get(root[0])
-        pane = next((p for p in tmux.panes(session) if p.pane_id == pane_id), None)
-        if info is None or info.starttime != root[1] or pane is None or (pane.dead and pane.pid == root[0]):
-            seen.state = "died"
-            return seen
-        seen.tree = job_tree(root[0], table)
-        seen.held = gpus.held({entry["pid"] for entry in seen.tree}) if gpus.targets else []
-        if step_regex is not None and seen.step is None:
-            text = tmux.capture(pane_id, STEP_LINES) or ""
-            seen.step = first_step_after(text, step_regex, min_step)
-            seen.last_step = last_step(text, step_regex)
-        if (seen.step is not None or step_regex is None) and len(seen.held) == len(gpus.targets):
-            seen.state = "proven"
-            return seen
-        if one_look or deadline.expired():
-            seen.state = "sampled" if one_look else "timed_out"
-            return seen
-        sleep(min(interval, deadline.remaining()))
-
-
-def read_death(tmux: Tmux, session: str, pane_id: str, seen: Watched) -> PaneState | None:
-    """The exit status and the last lines of a job that died (its pane kept by remain-on-exit)."""
-    pane = dead_pane(tmux, session, pane_id)
-    if pane is None:
-        seen.pane_gone = True
-        return None
-    seen.exit_status = pane.exit_status if pane.dead else None
-    seen.tail = tail_lines(tmux.capture(pane_id, TAIL_LINES + 200) or "")
-    return pane
 
 
 # ---------------------------------------------------------------- the run
@@ -735,7 +377,7 @@ class _Start:
         finally:
             gpus.close()
 
-    def follow(self, tmux: Tmux, job: Job, running: list[tuple[PaneState, ProcessInfo]], gpus: GpuWatch,
+    def follow(self, tmux: Tmux, job: Job, running: list[tuple[Pane, ProcessInfo]], gpus: GpuWatch,
                step_regex: t.Pattern[str] | None) -> dict[str, t.Any]:
         """The job already runs: nothing is launched; the same proof is waited for (check mode: one look)."""
         p, result = self.p, self.result
@@ -753,7 +395,7 @@ class _Start:
                      p["timeout"], p["interval"], one_look=self.check_mode)
         return self.outcome(tmux, job, gpus, seen, step_regex, launched=None)
 
-    def launch(self, tmux: Tmux, job: Job, panes: list[PaneState], gpus: GpuWatch,
+    def launch(self, tmux: Tmux, job: Job, panes: list[Pane], gpus: GpuWatch,
                step_regex: t.Pattern[str] | None) -> dict[str, t.Any]:
         p, result = self.p, self.result
         problem = version_problem(tmux.version(), not panes, bool(job.env), job.session)
@@ -837,7 +479,7 @@ def start_training(p: t.Mapping[str, t.Any], check_mode: bool = False, diff: boo
     run = _Start(p, check_mode, diff)
     try:
         result = run.run()
-    except (LaunchError, GpuError) as exc:
+    except (LaunchError, GpuError, TmuxError) as exc:
         result = run.fail(str(exc))
     result["elapsed"] = round(time.monotonic() - started, 3)
     return result

@@ -27,7 +27,6 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
     Pane,
     last_step_line,
     pane_text,
-    pane_window,
 )
 
 
@@ -92,7 +91,7 @@ def launch_facts(launcher: Member, panes: t.Sequence[Pane], socket: str | None,
     except OSError:
         cwd = ""
     return {"argv": list(launcher.info.cmdline), "cwd": cwd, "uid": launcher.info.uid,
-            "user": user_name(launcher.info.uid) or "", "window": pane_window(pane, socket) if pane else "",
+            "user": user_name(launcher.info.uid) or "", "window": pane.window_name if pane else "",
             "env": allowed_env(read_environ(launcher.pid) or {}, extra_env)}
 
 

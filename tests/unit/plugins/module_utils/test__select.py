@@ -34,6 +34,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     torchrun_shutdown_timeout,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
+    PANES_FORMAT,
     Pane,
     last_step,
     parse_panes,
@@ -228,14 +229,18 @@ def test_is_interactive_shell(cmd, shell):
     assert is_interactive_shell(cmd) is shell
 
 
-def test_parse_panes_exact_session_and_argv_and_never_a_dead_pane():
-    text = ("%0\t1234\t0\tdflash\n%1\t99\t0\tdflash-eval\n%3\t100\t0\tdflash\ngarbage\n%4\tx\t0\tdflash\n"
-            "%5\t4321\t1\tdflash\n")
-    # %5 is dead (remain-on-exit): its PID may belong to an unrelated process by now
-    assert parse_panes(text, "dflash") == [Pane("%0", 1234), Pane("%3", 100)]
+def test_parse_panes_exact_session_and_argv_and_a_dead_pane_marked():
+    def row(pane_id, pid, dead, session, status="", window="train"):
+        return "\t".join([pane_id, pid, dead, status, "0", "@1", "1", window, session])
+
+    text = "\n".join([row("%0", "1234", "0", "dflash"), row("%1", "99", "0", "dflash-eval"), row("%3", "100", "0", "dflash"),
+                      "garbage", row("%4", "x", "0", "dflash"), row("%5", "4321", "1", "dflash", status="2")])
+    # %5 is dead (remain-on-exit): its PID may belong to an unrelated process by now, and tmux_panes leaves it out
+    assert parse_panes(text, "dflash") == [Pane("%0", 1234, False, None, "@1", 1, "train"),
+                                           Pane("%3", 100, False, None, "@1", 1, "train"),
+                                           Pane("%5", 4321, True, 2, "@1", 1, "train")]
     assert parse_panes(text, "dfl") == []
-    assert tmux_list_panes_argv("/tmp/s") == [
-        "tmux", "-S", "/tmp/s", "list-panes", "-a", "-F", "#{pane_id}\t#{pane_pid}\t#{pane_dead}\t#{session_name}"]
+    assert tmux_list_panes_argv("/tmp/s") == ["tmux", "-S", "/tmp/s", "list-panes", "-a", "-F", PANES_FORMAT]
 
 
 @pytest.mark.parametrize("text, ok", [("32244\n", 32244), ("  7 ", 7), ("", None), ("abc", None), ("1 2", None), ("0", None)])

@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see LICENSES/GPL-3.0-or-later.txt or https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 
-"""A real tmux server: a pane kept after its process exited (remain-on-exit) is no pane of the job."""
+"""A real tmux server: a pane kept after its process exited (remain-on-exit) is no pane of the job, and a live
+one is listed with its window."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_a_dead_pane_is_left_out_and_a_live_one_is_listed(tmp_path):
 
     tmux("new-session", "-d", "-s", "dflash", "-x", "80", "-y", "20", "sleep 1")
     tmux("set-option", "-t", "=dflash:", "remain-on-exit", "on")
-    tmux("new-window", "-d", "-t", "=dflash:", "sleep 60")
+    tmux("new-window", "-d", "-n", "train", "-t", "=dflash:", "sleep 60")
     try:
         deadline = time.monotonic() + 10
         while tmux("list-panes", "-s", "-t", "=dflash", "-F", "#{pane_dead}").stdout.split().count("1") < 1:
@@ -35,5 +36,6 @@ def test_a_dead_pane_is_left_out_and_a_live_one_is_listed(tmp_path):
         live = tmux("list-panes", "-s", "-t", "=dflash", "-F", "#{pane_dead} #{pane_id}").stdout.split("\n")
         assert [p.pane_id for p in panes] == [line.split()[1] for line in live if line.startswith("0 ")]
         assert len(panes) == 1 and note == ""
+        assert panes[0].window_name == "train" and not panes[0].dead  # what the launch record keeps
     finally:
         subprocess.run(["tmux", "-S", socket, "kill-server"], capture_output=True, timeout=10, check=False)

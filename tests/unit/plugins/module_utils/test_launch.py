@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _launch
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _launch, _launch_gpus
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import (
     GpuError,
     GpuInfo,
@@ -20,33 +20,39 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._launch import (
     DEFAULT_STEP_REGEX,
-    GpuTarget,
-    GpuWatch,
     LaunchError,
-    PaneState,
     apply_overrides,
     argument_names,
-    busy_holders,
     env_values,
-    first_step_after,
-    gpus_held,
-    job_tree,
-    last_output,
     launch_plan,
     name_problem,
-    parse_pane_states,
-    parse_tmux_version,
     read_record,
     record_min_step,
+    version_problem,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_gpus import (
+    GpuTarget,
+    GpuWatch,
+    busy_holders,
+    gpus_held,
     resolve_gpus,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import record_file_problem
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_watch import (
+    first_step_after,
+    job_tree,
+    last_output,
     running_in_panes,
     same_argv,
     tail_lines,
-    tmux_arg,
-    version_problem,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import record_file_problem
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
+from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
+    Pane,
+    parse_panes,
+    parse_tmux_version,
+    tmux_arg,
+)
 
 ARGV = ["python3", "/opt/lab/trainer/fake_trainer.py", "--behaviour", "stubborn", "--nproc", "8",
         "--ckpt-dir", "/root/dflash/checkpoints", "--data=/data/old"]
@@ -250,7 +256,7 @@ def test_pane_states_of_exactly_the_session():
             "%1\t200\t1\t2\t\t@1\t1\ttrain\tdflash\n"
             "%2\t300\t1\t\t15\t@2\t2\ttrain\tdflash\n"
             "%3\t400\t0\t\t\t@3\t0\ttrain\tdflash-eval\n")
-    panes = parse_pane_states(text, "dflash")
+    panes = parse_panes(text, "dflash")
     assert [(p.pane_id, p.dead, p.exit_status, p.window_index) for p in panes] == [
         ("%0", False, None, 0), ("%1", True, 2, 1), ("%2", True, -15, 2)]
 
@@ -272,8 +278,8 @@ def test_running_in_panes_finds_the_job_under_a_shell_and_skips_dead_panes():
         proc(100, 1, ["bash"]), proc(101, 100, ["python3", "t.py"]), proc(102, 101, ["python3", "t.py"]),
         proc(200, 1, ["python3", "t.py"]),  # the PID of a dead pane, reused by someone else
     ]}
-    live = PaneState("%0", 100, False, None, "@0", 0, "shell")
-    dead = PaneState("%1", 200, True, 1, "@1", 1, "train")
+    live = Pane("%0", 100, False, None, "@0", 0, "shell")
+    dead = Pane("%1", 200, True, 1, "@1", 1, "train")
     found = running_in_panes([live, dead], table, ["python3", "t.py"])
     assert [(pane.pane_id, info.pid) for pane, info in found] == [("%0", 101)]  # not its worker 102, not 200
 
@@ -314,15 +320,15 @@ def holder(pid, gpu):
 def test_gpus_by_index_or_uuid_with_a_backend():
     targets = resolve_gpus(["1", "gpu-AAA"], GPUS, set(), "")
     assert targets == [GpuTarget("1", 1, "GPU-bbb"), GpuTarget("gpu-AAA", 0, "GPU-aaa")]
-    with pytest.raises(LaunchError, match=r"gpus: no GPU '7' here; present: 0 \(GPU-aaa\), 1 \(GPU-bbb\)"):
+    with pytest.raises(GpuError, match=r"gpus: no GPU '7' here; present: 0 \(GPU-aaa\), 1 \(GPU-bbb\)"):
         resolve_gpus(["7"], GPUS, set(), "")
 
 
 def test_gpus_without_a_backend_need_indices_with_device_files():
     assert resolve_gpus(["0"], None, {0, 1}, "") == [GpuTarget("0", 0, None)]
-    with pytest.raises(LaunchError, match=r"no device file for GPU 2 among gpu_devices \(/dev/nvidia\[0-9\]\*"):
+    with pytest.raises(GpuError, match=r"no device file for GPU 2 among gpu_devices \(/dev/nvidia\[0-9\]\*"):
         resolve_gpus(["2"], None, {0, 1}, "/dev/nvidia[0-9]* matched /dev/nvidia0, /dev/nvidia1")
-    with pytest.raises(LaunchError, match="'GPU-aaa' is not an index, and neither NVML nor nvidia-smi answers"):
+    with pytest.raises(GpuError, match="'GPU-aaa' is not an index, and neither NVML nor nvidia-smi answers"):
         resolve_gpus(["GPU-aaa"], None, {0}, "")
 
 
@@ -356,8 +362,8 @@ class FakeBackend:
 
 def test_gpu_watch_maps_uuids_and_asks_the_backend_only_when_device_files_fall_short(monkeypatch, tmp_path):
     backend = FakeBackend([GpuProcess(4242, "GPU-bbb", 30000)])
-    monkeypatch.setattr(_launch, "open_backend", lambda kind, path, call_timeout: backend)
-    monkeypatch.setattr(_launch, "backend_pids_are_ours", lambda: True)
+    monkeypatch.setattr(_launch_gpus, "open_backend", lambda kind, path, call_timeout: backend)
+    monkeypatch.setattr(_launch_gpus, "backend_pids_are_ours", lambda: True)
     watch = GpuWatch(["GPU-BBB"], [str(tmp_path / "nvidia[0-9]*")])  # no device file: the backend alone says
     assert watch.targets == [GpuTarget("GPU-BBB", 1, "GPU-bbb")] and watch.notes == []
     assert watch.held({4242}) == [{"gpu": "GPU-BBB", "index": 1, "uuid": "GPU-bbb", "pids": [4242],
@@ -371,7 +377,7 @@ def test_gpu_watch_without_a_backend_reads_device_files_and_says_so(monkeypatch,
     def no_backend(kind, path, call_timeout):
         raise GpuError("nvidia-smi not found on PATH")
 
-    monkeypatch.setattr(_launch, "open_backend", no_backend)
+    monkeypatch.setattr(_launch_gpus, "open_backend", no_backend)
     (tmp_path / "nvidia0").write_text("")
     watch = GpuWatch(["0"], [str(tmp_path / "nvidia[0-9]*")])
     assert watch.targets == [GpuTarget("0", 0, None)] and watch.backend is None
@@ -379,7 +385,7 @@ def test_gpu_watch_without_a_backend_reads_device_files_and_says_so(monkeypatch,
                            "on PATH)"]
     with open(tmp_path / "nvidia0") as held_open:  # this process holds it, but scans leave themselves out
         assert held_open and watch.held({os.getpid()}) == []
-    with pytest.raises(_launch.LaunchError, match="no device file for GPU 1 among gpu_devices"):
+    with pytest.raises(GpuError, match="no device file for GPU 1 among gpu_devices"):
         GpuWatch(["1"], [str(tmp_path / "nvidia[0-9]*")])
 
 
