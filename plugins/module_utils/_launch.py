@@ -40,8 +40,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_watch imp
     tail_lines,
     watch,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import read_table
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo, read_table
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
     Pane,
     Tmux,

@@ -18,8 +18,8 @@ import typing as t
 from dataclasses import dataclass, field
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_gpus import GpuWatch
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import closure, read_table
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo, read_table
+from ansible_collections.gpuops.repurpose.plugins.module_utils._select import closure
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import Pane, Tmux, last_step
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
 

@@ -17,7 +17,7 @@ import ipaddress
 import os
 import re
 import typing as t
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
@@ -507,3 +507,44 @@ def stat_children(parents: t.Collection[int], proc_root: str = "/proc") -> list[
                 found.append((stat.pid, stat.starttime, stat.pgid))
                 frontier = True
     return found
+
+
+def _keep(info: ProcessInfo | None, proc_root: str) -> ProcessInfo | None:
+    """None for true zombies (no live thread: already gone); a zombie leader shows a live thread's cmdline."""
+    if info is None:
+        return None
+    if info.state in ("Z", "X"):
+        if not has_live_thread(info.pid, proc_root):
+            return None
+        if not info.cmdline:
+            info = replace(info, cmdline=live_thread_cmdline(info.pid, proc_root))
+    return info
+
+
+def read_table(proc_root: str = "/proc", light: bool = False) -> dict[int, ProcessInfo]:
+    """Every live process; ``light`` reads only stat and cmdline (no uid, cgroup, NSpid)."""
+    table: dict[int, ProcessInfo] = {}
+    for pid in list_pids(proc_root):
+        info = _keep(read_process_light(pid, proc_root) if light else read_process(pid, proc_root), proc_root)
+        if info is not None:
+            table[pid] = info
+    return table
+
+
+def enrich(table: dict[int, ProcessInfo], pids: t.Iterable[int], proc_root: str = "/proc") -> None:
+    """Complete the light entries of ``pids`` in place (uid, cgroup, NSpid); drop those gone meanwhile."""
+    for pid in pids:
+        info = _keep(read_process(pid, proc_root), proc_root)
+        if info is None or info.starttime != table[pid].starttime:
+            table.pop(pid, None)
+        else:
+            table[pid] = info
+
+
+def read_tpgid(pid: int, proc_root: str = "/proc") -> int:
+    """The foreground process group of ``pid``'s terminal (0 or -1 without one): what Ctrl-C reaches."""
+    try:
+        stat = read_stat(pid, proc_root)
+    except (OSError, ProcError):
+        return 0
+    return stat.tpgid if stat is not None else 0

@@ -56,12 +56,9 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     ancestors_of,
     boot_time,
     container_vmid_from_cgroup,
-    has_live_thread,
-    list_pids,
-    live_thread_cmdline,
+    enrich,
     read_process,
-    read_process_light,
-    read_stat,
+    read_table,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import Pane, TmuxError, tmux_panes
 
@@ -89,38 +86,6 @@ class Member:
 
 # ---------------------------------------------------------------- system readers
 
-def _keep(info: ProcessInfo | None, proc_root: str) -> ProcessInfo | None:
-    """None for true zombies (no live thread: already gone); a zombie leader shows a live thread's cmdline."""
-    if info is None:
-        return None
-    if info.state in ("Z", "X"):
-        if not has_live_thread(info.pid, proc_root):
-            return None
-        if not info.cmdline:
-            info = replace(info, cmdline=live_thread_cmdline(info.pid, proc_root))
-    return info
-
-
-def read_table(proc_root: str = "/proc", light: bool = False) -> dict[int, ProcessInfo]:
-    """Every live process; ``light`` reads only stat and cmdline (no uid, cgroup, NSpid)."""
-    table: dict[int, ProcessInfo] = {}
-    for pid in list_pids(proc_root):
-        info = _keep(read_process_light(pid, proc_root) if light else read_process(pid, proc_root), proc_root)
-        if info is not None:
-            table[pid] = info
-    return table
-
-
-def enrich(table: dict[int, ProcessInfo], pids: t.Iterable[int], proc_root: str = "/proc") -> None:
-    """Complete the light entries of ``pids`` in place (uid, cgroup, NSpid); drop those gone meanwhile."""
-    for pid in pids:
-        info = _keep(read_process(pid, proc_root), proc_root)
-        if info is None or info.starttime != table[pid].starttime:
-            table.pop(pid, None)
-        else:
-            table[pid] = info
-
-
 def read_pid_file(path: str) -> tuple[int | None, float | None]:
     """(pid, mtime) from a pid file; (None, None) when it does not exist.
 
@@ -143,15 +108,6 @@ def parse_pid_file(text: str, path: str = "pid file") -> int:
     if len(words) != 1 or not words[0].isdigit() or int(words[0]) <= 0:
         raise SelectError("pid_file: %s must hold one positive PID, found %r; fix the file or use pids" % (path, text[:40]))
     return int(words[0])
-
-
-def read_tpgid(pid: int, proc_root: str = "/proc") -> int:
-    """The foreground process group of ``pid``'s terminal (0 or -1 without one): what Ctrl-C reaches."""
-    try:
-        stat = read_stat(pid, proc_root)
-    except (OSError, ProcError):
-        return 0
-    return stat.tpgid if stat is not None else 0
 
 
 def started_after(info: ProcessInfo, wall_time: float, proc_root: str = "/proc", slack: float = 1.0) -> bool:

@@ -19,9 +19,9 @@ import typing as t
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import classify_holders, scan_holders
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
 from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import allowed_env
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ancestors_of, read_environ
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ancestors_of, read_environ, read_tpgid
 from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import RunLock
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import Member, Selection, read_tpgid
+from ansible_collections.gpuops.repurpose.plugins.module_utils._select import Member, Selection
 from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_report import user_name
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
     Pane,

@@ -16,6 +16,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     read_process,
     read_starttime,
     read_stat,
+    read_tpgid,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     SelectError,
@@ -27,7 +28,6 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
     late_children,
     parse_pid_file,
     program_of,
-    read_tpgid,
     select,
     started_after,
     top_of,

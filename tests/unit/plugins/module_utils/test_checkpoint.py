@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _checkpoint
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _checkpoint_file
 from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint import (
     CheckpointScan,
     Verdict,
@@ -354,7 +354,7 @@ def test_unreadable_file_is_a_verdict_not_an_exception(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(_checkpoint, "open", refuse, raising=False)
+    monkeypatch.setattr(_checkpoint_file, "open", refuse, raising=False)
     v = judge(path)
     assert (v.whole, v.why) == (False, "unreadable: Permission denied")
 
