@@ -13,59 +13,40 @@ the module's result; the command lines come from ``_pct``, the host side from
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 import typing as t
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct, _pct_host
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PctHost
 from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PctHostFailure as ExecFailure
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
 
 HOST_MARGIN = 30  # the in-container timeout acts first; this only guards against a hung pct/lxc-attach
-run = _pct_host.run
 
 
-class Pct(t.NamedTuple):
-    """How this host runs pct: its path, the become prefix for this user, and the method's name for messages."""
-
-    path: str
-    prefix: t.List[str]
-    method: str
-
-    def argv(self, sub: str, vmid: int, *args: str) -> t.List[str]:
-        return _pct.pct_argv(sub, vmid, *args, pct_path=self.path, prefix=self.prefix)
-
-    def exec_argv(self, vmid: int, argv: t.List[str], keep_env: t.Optional[bool] = None) -> t.List[str]:
-        return _pct.exec_argv(vmid, argv, keep_env=keep_env, pct_path=self.path, prefix=self.prefix)
-
-
-def ct_status(module: t.Any, pct: Pct, vmid: int) -> str:
-    return _pct_host.ct_status(module, vmid, pct.path, pct.prefix, pct.method)
-
-
-def start_and_wait(module: t.Any, pct: Pct, vmid: int, timeout: int) -> None:
+def start_and_wait(pct: PctHost, vmid: int, timeout: int) -> None:
     deadline = Deadline(timeout)
-    rc, out, err, hung = run(module, pct.argv("start", vmid), None, max(1.0, deadline.remaining()))
+    rc, out, err, hung = pct.run(pct.argv("start", vmid), None, max(1.0, deadline.remaining()))
     if hung or rc != 0:
         raise ExecFailure("`pct start %d` failed (rc %s): %s" % (vmid, rc, err.decode("utf-8", "replace").strip()), ct_status="stopped")
     probe = pct.exec_argv(vmid, ["true"])
     while True:
-        rc, dummy_out, err, dummy_hung = run(module, probe, None, max(1.0, min(deadline.remaining(), 10)))
+        rc, dummy_out, err, dummy_hung = pct.run(probe, None, max(1.0, min(deadline.remaining(), 10)))
         if rc == 0:
             return
         if deadline.expired():
             raise ExecFailure(
                 "container %d was started but did not accept commands within start_timeout=%ds: %s"
                 % (vmid, timeout, err.decode("utf-8", "replace").strip()),
-                ct_status=ct_status(module, pct, vmid),
+                ct_status=pct.status(vmid),
                 started=True,
             )
         time.sleep(min(0.2, deadline.remaining()))
 
 
-def path_exists(module: t.Any, pct: Pct, vmid: int, path: str, keep_env: t.Optional[bool]) -> bool:
-    rc, dummy_out, err, hung = run(module, pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env), None, 60)
+def path_exists(pct: PctHost, vmid: int, path: str, keep_env: t.Optional[bool]) -> bool:
+    rc, dummy_out, err, hung = pct.run(pct.exec_argv(vmid, ["test", "-e", path], keep_env=keep_env), None, 60)
     if hung or rc not in (0, 1):
         raise ExecFailure("could not check %s inside container %d (rc %s): %s" % (path, vmid, rc, err.decode("utf-8", "replace").strip()))
     return rc == 0
@@ -77,7 +58,7 @@ def exec_in_container(module: t.Any) -> t.Dict[str, t.Any]:
     result = _pct_host.base_result(started=False)
     try:
         vmid = _pct.validate_vmid(p["vmid"])
-        pct = Pct(p["pct_path"], _pct_host.prefix_for(os.geteuid(), p["pct_become_method"]), p["pct_become_method"])
+        pct = PctHost.from_params(module)
         argv = p["argv"] if p["argv"] is not None else [p["executable"], "-c", p["command"]]
         inner = _pct.wrap_argv(argv, chdir=p["chdir"], env=p["env"], timeout=p["timeout"], kill_after=p["kill_after"])
         cmd = pct.exec_argv(vmid, inner, keep_env=p["keep_env"])
@@ -87,15 +68,15 @@ def exec_in_container(module: t.Any) -> t.Dict[str, t.Any]:
         return dict(result, failed=True, msg=str(e))
     result["cmd"] = cmd
     try:
-        _pct_host.check_host(p["pct_path"])
-        result.update(execute(module, pct, vmid, cmd, p))
+        pct.check()
+        result.update(execute(pct, vmid, cmd, p))
     except ExecFailure as e:
         return _pct_host.failed(result, e)
     return result
 
 
-def execute(module: t.Any, pct: Pct, vmid: int, cmd: t.List[str], p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
-    state = _pct_host.ct_state(module, vmid, pct.path, pct.prefix, pct.method)
+def execute(pct: PctHost, vmid: int, cmd: t.List[str], p: t.Mapping[str, t.Any]) -> t.Dict[str, t.Any]:
+    state = pct.state(vmid)
     status = state.status
     out: t.Dict[str, t.Any] = state.as_result()
     if state.frozen:
@@ -105,18 +86,18 @@ def execute(module: t.Any, pct: Pct, vmid: int, cmd: t.List[str], p: t.Mapping[s
             raise ExecFailure(
                 "container %d is %s; nothing was run. Start it, or set ensure_running: true" % (vmid, status), ct_status=status
             )
-        if module.check_mode:
+        if pct.module.check_mode:
             out.update(changed=True, msg="would start container %d and run the command" % vmid)
             return out
-        start_and_wait(module, pct, vmid, p["start_timeout"])
-        out.update(started=True, changed=True, ct_status=ct_status(module, pct, vmid))
+        start_and_wait(pct, vmid, p["start_timeout"])
+        out.update(started=True, changed=True, ct_status=pct.status(vmid))
 
     for path, want, verb in ((p["creates"], False, "exists"), (p["removes"], True, "does not exist")):
-        if path and path_exists(module, pct, vmid, path, p["keep_env"]) != want:
+        if path and path_exists(pct, vmid, path, p["keep_env"]) != want:
             out.update(rc=0, msg="skipped, since %s %s" % (path, verb))
             return out
 
-    if module.check_mode:
+    if pct.module.check_mode:
         out.update(changed=True, msg="would run: %s" % _pct.quote(cmd))
         return out
 
@@ -124,7 +105,7 @@ def execute(module: t.Any, pct: Pct, vmid: int, cmd: t.List[str], p: t.Mapping[s
     if p["stdin"] is not None:
         stdin = (p["stdin"] + ("\n" if p["stdin_add_newline"] else "")).encode("utf-8")
     limit = p["timeout"] + p["kill_after"] + HOST_MARGIN
-    ran = _pct_host.run_captured(module, cmd, stdin, limit)
+    ran = pct.run_captured(cmd, stdin, limit)
     out.update(ran.as_result())
     unknown_option = _pct.keep_env_unknown(ran.stderr, platform.node())
     if ran.hung:
@@ -145,6 +126,6 @@ def execute(module: t.Any, pct: Pct, vmid: int, cmd: t.List[str], p: t.Mapping[s
     elif ran.rc != 0:
         kind = _pct.classify_failure(ran.stderr)
         if kind == _pct.FAIL_STOPPED:
-            out["ct_status"] = ct_status(module, pct, vmid)
+            out["ct_status"] = pct.status(vmid)
         out.update(failed=True, msg="non-zero return code")
     return out

@@ -13,12 +13,12 @@ module's result; the command lines come from ``_pct``, the host side from
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 import typing as t
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct, _pct_host
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PctHost
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
 
 OPERATIONS = ("status", "start", "stop", "shutdown", "reboot")
@@ -53,11 +53,11 @@ def validate(p: t.Mapping[str, t.Any]) -> int:
     return vmid
 
 
-def wait_for_status(module: t.Any, vmid: int, p: t.Mapping[str, t.Any], prefix: t.List[str], want: str, within: float) -> str:
+def wait_for_status(pct: PctHost, vmid: int, want: str, within: float) -> str:
     """Poll ``pct status`` until container VMID is WANT or WITHIN seconds have passed; the last status."""
     deadline = Deadline(within)
     while True:
-        status = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
+        status = pct.status(vmid)
         if status == want or deadline.expired():
             return status
         time.sleep(min(1.0, max(0.0, deadline.remaining())))
@@ -70,14 +70,14 @@ def power(module: t.Any) -> t.Dict[str, t.Any]:
     result = _pct_host.base_result(rc=0)
     try:
         vmid = validate(p)
-        prefix = _pct_host.prefix_for(os.geteuid(), p["pct_become_method"])
-        cmd = _pct.pct_argv(op, vmid, *pct_args(op, p["timeout"]), pct_path=p["pct_path"], prefix=prefix)
+        pct = PctHost.from_params(module)
+        cmd = pct.argv(op, vmid, *pct_args(op, p["timeout"]))
     except _pct.PctError as e:
         return dict(result, failed=True, msg=str(e))
     result["cmd"] = cmd
     try:
-        _pct_host.check_host(p["pct_path"])
-        state = _pct_host.ct_state(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
+        pct.check()
+        state = pct.state(vmid)
         status = state.status
         result.update(state.as_result())
         if op == "status":
@@ -92,13 +92,13 @@ def power(module: t.Any) -> t.Dict[str, t.Any]:
             result.update(changed=True, msg="would run: %s" % _pct.quote(cmd))
             return result
         bound = host_bound(op, p["timeout"], p["command_timeout"])
-        ran = _pct_host.run_captured(module, cmd, None, bound)
+        ran = pct.run_captured(cmd, None, bound)
         result.update(ran.as_result())
-        refused = _pct_host.sudo_refused(ran.stderr, p["pct_path"], p["pct_become_method"])
+        refused = pct.refused(ran.stderr)
         if refused:
             raise _pct_host.PctHostFailure(refused, changed=False)
         result["ha_request"] = _pct.ha_request(ran.stdout)
-        result["ct_status"] = _pct_host.ct_status(module, vmid, p["pct_path"], prefix, p["pct_become_method"])
+        result["ct_status"] = pct.status(vmid)
         if ran.hung:
             # pct runs the power action as a task worker in its own session: killing pct's process group does
             # not reach it, so it may still be working and holding the config lock
@@ -110,7 +110,7 @@ def power(module: t.Any) -> t.Dict[str, t.Any]:
             )
         want = _ALREADY.get(op)
         if ran.rc == 0 and want and result["ct_status"] != want:
-            result["ct_status"] = wait_for_status(module, vmid, p, prefix, want, max(1.0, bound - ran.elapsed))
+            result["ct_status"] = wait_for_status(pct, vmid, want, max(1.0, bound - ran.elapsed))
             if result["ct_status"] != want:
                 how = ("it is HA-managed: pct only asked the HA manager (%r) and returned" % ran.stdout.strip()
                        if result["ha_request"] else "pct returned 0")

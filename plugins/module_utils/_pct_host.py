@@ -124,30 +124,6 @@ def sudo_refused(stderr: str, pct_path: str, method: str) -> t.Optional[str]:
     )
 
 
-def _status_output(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], method: str, *args: str) -> str:
-    """The output of ``pct status VMID ARGS``; raise ``PctHostFailure`` naming what went wrong."""
-    rc, out, err, hung = run(module, _pct.pct_argv("status", vmid, *args, pct_path=pct_path, prefix=prefix), None, STATUS_TIMEOUT)
-    text = err.decode("utf-8", "replace").strip()
-    if hung:
-        raise PctHostFailure("`pct status %d` did not answer within %d s" % (vmid, STATUS_TIMEOUT))
-    if rc != 0:
-        refused = sudo_refused(text, pct_path, method)
-        if refused:
-            raise PctHostFailure(refused)
-        if _pct.classify_failure(text) == _pct.FAIL_MISSING:
-            raise PctHostFailure("container %d does not exist on this host (%s); check vmid against `pct list`" % (vmid, text), ct_status="missing")
-        raise PctHostFailure("`pct status %d` failed (rc %d): %s" % (vmid, rc, text))
-    return out.decode("utf-8", "replace")
-
-
-def ct_status(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], method: str = "sudo") -> str:
-    """``pct status VMID`` -> running/stopped/...; raise ``PctHostFailure`` naming what went wrong."""
-    try:
-        return _pct.parse_pct_status(_status_output(module, vmid, pct_path, prefix, method))
-    except _pct.PctError as e:
-        raise PctHostFailure(str(e)) from None
-
-
 class CtState(t.NamedTuple):
     """A container as its PVE host sees it: pct's status, its config lock (None without one), and whether its
     cgroup is frozen (pct says running then)."""
@@ -172,17 +148,78 @@ def is_frozen(vmid: int, root: str = _pct.CGROUP_ROOT) -> bool:
     return False
 
 
-def ct_state(module: t.Any, vmid: int, pct_path: str, prefix: t.Sequence[str], method: str = "sudo") -> CtState:
-    """Container VMID's :class:`CtState` (``pct status --verbose`` and its cgroup); raise ``PctHostFailure``."""
-    try:
-        fields = _pct.parse_status_verbose(_status_output(module, vmid, pct_path, prefix, method, "--verbose"))
-    except _pct.PctError as e:
-        raise PctHostFailure(str(e)) from None
-    status = fields["status"]
-    return CtState(status, fields.get("lock") or None, status == "running" and is_frozen(vmid))
+# The options every module that runs pct has (their docs: the gpuops.repurpose.pct doc fragment).
+PCT_ARGUMENT_SPEC: t.Dict[str, t.Dict[str, t.Any]] = dict(
+    vmid=dict(type="int", required=True),
+    pct_path=dict(type="path", default=_pct.DEFAULT_PCT_PATH),
+    pct_become_method=dict(type="str", default="sudo"),
+)
 
 
-def check_host(pct_path: str) -> None:
-    """Fail early, with where to run, when there is no pct here."""
-    if not os.path.exists(pct_path):
-        raise PctHostFailure("%s not found: run this module on the Proxmox VE host (or set pct_path)" % pct_path)
+class PctHost(t.NamedTuple):
+    """How this host runs pct for a module: its path, the become prefix for this user, the method's name (for
+    messages), and the module whose ``run_command`` runs it."""
+
+    module: t.Any
+    path: str
+    prefix: t.List[str]
+    method: str
+
+    @classmethod
+    def from_params(cls, module: t.Any) -> PctHost:
+        """From the module's ``pct_path`` and ``pct_become_method``; ``_pct.PctError`` for a bad method."""
+        method = module.params["pct_become_method"]
+        return cls(module, module.params["pct_path"], prefix_for(os.geteuid(), method), method)
+
+    def argv(self, sub: str, vmid: int, *args: str) -> t.List[str]:
+        return _pct.pct_argv(sub, vmid, *args, pct_path=self.path, prefix=self.prefix)
+
+    def exec_argv(self, vmid: int, argv: t.List[str], keep_env: t.Optional[bool] = None) -> t.List[str]:
+        return _pct.exec_argv(vmid, argv, keep_env=keep_env, pct_path=self.path, prefix=self.prefix)
+
+    def run(self, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> t.Tuple[int, bytes, bytes, bool]:
+        return run(self.module, argv, stdin, timeout)
+
+    def run_captured(self, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> Captured:
+        return run_captured(self.module, argv, stdin, timeout)
+
+    def check(self) -> None:
+        """Fail early, with where to run, when there is no pct here."""
+        if not os.path.exists(self.path):
+            raise PctHostFailure("%s not found: run this module on the Proxmox VE host (or set pct_path)" % self.path)
+
+    def refused(self, stderr: str) -> t.Optional[str]:
+        """:func:`sudo_refused` for this host's pct and become method."""
+        return sudo_refused(stderr, self.path, self.method)
+
+    def status(self, vmid: int) -> str:
+        """``pct status VMID`` -> running/stopped/...; raise ``PctHostFailure`` naming what went wrong."""
+        try:
+            return _pct.parse_pct_status(self._status_output(vmid))
+        except _pct.PctError as e:
+            raise PctHostFailure(str(e)) from None
+
+    def state(self, vmid: int) -> CtState:
+        """Container VMID's :class:`CtState` (``pct status --verbose`` and its cgroup); raise ``PctHostFailure``."""
+        try:
+            fields = _pct.parse_status_verbose(self._status_output(vmid, "--verbose"))
+        except _pct.PctError as e:
+            raise PctHostFailure(str(e)) from None
+        status = fields["status"]
+        return CtState(status, fields.get("lock") or None, status == "running" and is_frozen(vmid))
+
+    def _status_output(self, vmid: int, *args: str) -> str:
+        """The output of ``pct status VMID ARGS``; raise ``PctHostFailure`` naming what went wrong."""
+        rc, out, err, hung = self.run(self.argv("status", vmid, *args), None, STATUS_TIMEOUT)
+        text = err.decode("utf-8", "replace").strip()
+        if hung:
+            raise PctHostFailure("`pct status %d` did not answer within %d s" % (vmid, STATUS_TIMEOUT))
+        if rc != 0:
+            refused = self.refused(text)
+            if refused:
+                raise PctHostFailure(refused)
+            if _pct.classify_failure(text) == _pct.FAIL_MISSING:
+                raise PctHostFailure("container %d does not exist on this host (%s); check vmid against `pct list`"
+                                     % (vmid, text), ct_status="missing")
+            raise PctHostFailure("`pct status %d` failed (rc %d): %s" % (vmid, rc, text))
+        return out.decode("utf-8", "replace")

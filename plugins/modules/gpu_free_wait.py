@@ -284,6 +284,7 @@ history:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_free import wait_free
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import DEFAULT_DEVICE_PATHS
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
@@ -306,10 +307,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    result = wait_free(module.params, check_mode=module.check_mode, warn=module.warn)
-    if result.pop("failed", False):
-        module.fail_json(**result)
-    module.exit_json(**result)
+    exit_module(module, wait_free(module.params, check_mode=module.check_mode, warn=module.warn))
 
 
 if __name__ == "__main__":

@@ -29,10 +29,6 @@ description:
 requirements:
   - A Proxmox VE host with C(pct) (pve-container), run as root or through O(pct_become_method).
 options:
-  vmid:
-    description: VMID of the container, an integer from 100 to 999999999 (as in C(pct list)).
-    type: int
-    required: true
   argv:
     description:
       - The program and its arguments, one list element each. Nothing is parsed by any shell.
@@ -96,18 +92,8 @@ options:
       - A host whose C(pct) is older than pve-container 5.0.9 (Proxmox VE 8.0 or 8.1 not updated) does not know the
         option; a set value fails there with a message saying so.
     type: bool
-  pct_path:
-    description: Path of C(pct) on the host (a sudo rule must name this exact path).
-    type: path
-    default: /usr/sbin/pct
-  pct_become_method:
-    description:
-      - How a user other than root runs C(pct). V(sudo) and V(doas) run non-interactively (C(sudo -n)); V(none)
-        runs C(pct) directly; any other value is used as a literal command prefix. Ignored when running as root.
-      - The same values as the P(gpuops.repurpose.pct_ssh#connection) connection's C(proxmox_become_method).
-    type: str
-    default: sudo
 extends_documentation_fragment:
+  - gpuops.repurpose.pct
   - gpuops.repurpose.attributes
   - gpuops.repurpose.attributes.PLATFORM
   - gpuops.repurpose.attributes.PCT_GROUP
@@ -251,13 +237,15 @@ msg:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_exec import exec_in_container
-from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_PCT_PATH, DEFAULT_SHELL
+from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_SHELL
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PCT_ARGUMENT_SPEC
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            vmid=dict(type="int", required=True),
+            PCT_ARGUMENT_SPEC,
             argv=dict(type="list", elements="str"),
             command=dict(type="str"),
             executable=dict(type="str", default=DEFAULT_SHELL),
@@ -272,17 +260,12 @@ def main() -> None:
             ensure_running=dict(type="bool", default=False),
             start_timeout=dict(type="int", default=120),
             keep_env=dict(type="bool"),
-            pct_path=dict(type="path", default=DEFAULT_PCT_PATH),
-            pct_become_method=dict(type="str", default="sudo"),
         ),
         mutually_exclusive=[("argv", "command")],
         required_one_of=[("argv", "command")],
         supports_check_mode=True,
     )
-    result = exec_in_container(module)
-    if result.pop("failed", False):
-        module.fail_json(**result)
-    module.exit_json(**result)
+    exit_module(module, exec_in_container(module))
 
 
 if __name__ == "__main__":

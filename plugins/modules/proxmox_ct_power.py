@@ -32,10 +32,6 @@ description:
 requirements:
   - A Proxmox VE host with C(pct) (pve-container), run as root or through O(pct_become_method).
 options:
-  vmid:
-    description: VMID of the container, an integer from 100 to 999999999 (as in C(pct list)).
-    type: int
-    required: true
   operation:
     description: The C(pct) subcommand to run.
     type: str
@@ -54,17 +50,8 @@ options:
         fails.
       - Default 2 x (O(timeout) + 5) + 30 for V(shutdown) and V(reboot), 300 otherwise.
     type: int
-  pct_path:
-    description: Path of C(pct) on the host (a sudo rule must name this exact path).
-    type: path
-    default: /usr/sbin/pct
-  pct_become_method:
-    description:
-      - How a user other than root runs C(pct). V(sudo) and V(doas) run non-interactively (C(sudo -n)); V(none)
-        runs C(pct) directly; any other value is used as a literal command prefix. Ignored when running as root.
-    type: str
-    default: sudo
 extends_documentation_fragment:
+  - gpuops.repurpose.pct
   - gpuops.repurpose.attributes
   - gpuops.repurpose.attributes.PLATFORM
   - gpuops.repurpose.attributes.PCT_GROUP
@@ -184,25 +171,21 @@ msg:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_power import OPERATIONS, power
-from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_PCT_PATH
+from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PCT_ARGUMENT_SPEC
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            vmid=dict(type="int", required=True),
+            PCT_ARGUMENT_SPEC,
             operation=dict(type="str", default="status", choices=list(OPERATIONS)),
             timeout=dict(type="int"),
             command_timeout=dict(type="int"),
-            pct_path=dict(type="path", default=DEFAULT_PCT_PATH),
-            pct_become_method=dict(type="str", default="sudo"),
         ),
         supports_check_mode=True,
     )
-    result = power(module)
-    if result.pop("failed", False):
-        module.fail_json(**result)
-    module.exit_json(**result)
+    exit_module(module, power(module))
 
 
 if __name__ == "__main__":

@@ -321,6 +321,7 @@ elapsed:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
 from ansible_collections.gpuops.repurpose.plugins.module_utils._launch import (
     DEFAULT_GPU_DEVICES,
     DEFAULT_STEP_REGEX,
@@ -354,10 +355,7 @@ def main():
         mutually_exclusive=[["record", "argv"], ["record", "cwd"], ["record", "user"]],
         supports_check_mode=True,
     )
-    result = start_training(module.params, check_mode=module.check_mode, diff=module._diff)
-    if result.pop("failed", False):
-        module.fail_json(**result)
-    module.exit_json(**result)
+    exit_module(module, start_training(module.params, check_mode=module.check_mode, diff=module._diff))
 
 
 if __name__ == "__main__":

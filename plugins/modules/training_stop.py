@@ -461,6 +461,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
 from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job import SELECTORS, stop_job
 
 # type raw: a signal is a name or a number, and a timeout given as a bool or a word gets the ladder's own error
@@ -503,10 +504,7 @@ def main():
         mutually_exclusive=[["tmux_session", "container"]],
         supports_check_mode=True,
     )
-    result = stop_job(module.params, check_mode=module.check_mode, diff=module._diff, started=started)
-    if result.pop("failed", False):
-        module.fail_json(**result)
-    module.exit_json(**result)
+    exit_module(module, stop_job(module.params, check_mode=module.check_mode, diff=module._diff, started=started))
 
 
 if __name__ == "__main__":
