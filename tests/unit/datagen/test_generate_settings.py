@@ -8,7 +8,8 @@ import os
 import pytest
 
 from datagen.config import ConfigError
-from datagen.gen.client import RowError, backoff_delay, check_row, parse_response, parse_retry_after, prompt_messages
+from datagen.gen.client import backoff_delay, parse_retry_after
+from datagen.gen.rows import RowError, check_row, parse_response, prompt_messages
 from datagen.generate import settings_from_config
 
 BASE = {"servers": ["http://127.0.0.1:30000"], "model": "m", "sampling": {"max_tokens": 64}}

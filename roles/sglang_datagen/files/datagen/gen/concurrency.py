@@ -29,15 +29,23 @@ sample with ``worker_addr`` (sglang-router 0.3.2 also renames ``sglang:`` to
 ``sglang_`` there). The router's ``/get_loads`` is no use: it asks the workers
 for ``/get_load``, which sglang 0.5.23 no longer serves (every load reads -1).
 
-Everything here is pure: the engine (``gen.client``) does the I/O.
+The policy is pure (:func:`next_limit` and its helpers); :class:`Limiter` runs it for each server, reading the
+loads and starting worker tasks through the engine (``gen.client``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+
+import aiohttp
+
+from .fleet import parse_router_workers
+from .pool import Server, http_get
+from .settings import GenerateSettings
 
 # the two gauges, under SGLang's names and under the router's rewrite of them
 _RUNNING = ("sglang:num_running_reqs", "sglang_num_running_reqs")
@@ -174,3 +182,103 @@ def describe(loads: Sequence[WorkerLoad]) -> Mapping[str, int]:
     """Totals for the progress file: workers, running, queued, the highest token usage."""
     return {"workers": len(loads), "running": sum(w.running for w in loads), "queued": sum(w.queued for w in loads),
             "token_usage": round(max((w.token_usage for w in loads), default=0.0), 3)}
+
+
+# auto: the limit per worker before the first reading; low, so that a small worker is not flooded for long
+# at the start (the limit doubles every other reading while the queues stay empty)
+START_PER_WORKER = 32
+# auto, but the server reports no load (no --enable-metrics, not SGLang): the fixed default of earlier releases,
+# per worker the router lists
+BLIND_PER_WORKER = 128
+# the load pages are small; a worker too busy to answer one in this time is not read this round
+LOAD_TIMEOUT_S = 5.0
+
+
+class Limiter:
+    """Each server's in-flight limit: ``generate.concurrency`` when fixed, else (``auto``) moved every
+    ``load_interval`` by what its workers report, until the input runs out. ``spawn(session, home)`` starts
+    worker tasks up to server HOME's limit; ``running()`` is false once the input is out or the run stops."""
+
+    def __init__(self, settings: GenerateSettings, log: Callable[[str], None],
+                 spawn: Callable[[aiohttp.ClientSession, int], None], running: Callable[[], bool]) -> None:
+        self.s = settings
+        self.log = log
+        self.spawn = spawn
+        self.running = running
+        self.policy = LimitPolicy(queue_target=settings.queue_target, minimum=settings.concurrency_min,
+                                  maximum=settings.concurrency_max)
+
+    async def pilot(self, session: aiohttp.ClientSession, home: int, srv: Server) -> None:
+        """Start SRV's worker tasks once it is ready; with ``concurrency: auto``, keep its limit on the workers'
+        queues until the input runs out."""
+        if not srv.ready:
+            await srv.event.wait()
+            if not srv.ready:
+                return
+        if not self.s.adaptive:
+            srv.limit = int(self.s.concurrency or 1)
+            srv.stats["limit"] = srv.limit
+            self.spawn(session, home)
+            return
+        loads = await self.read_load(session, srv)
+        if loads:
+            srv.limit = initial_limit(len(loads), START_PER_WORKER, self.policy)
+        else:
+            workers = await self.listed_workers(session, srv)
+            srv.limit = initial_limit(workers, BLIND_PER_WORKER, self.policy)
+            self.log(f"generate: {srv.base} reports no load (sglang:num_running_reqs on /engine_metrics or "
+                     f"/metrics): {srv.limit} requests in flight ({BLIND_PER_WORKER} for each of {workers} "
+                     "worker(s)) until it does; start the workers with --enable-metrics, or set generate.concurrency")
+        self.note(srv, loads)
+        self.spawn(session, home)
+        empty_before = True  # at the start the room is unknown: an empty first reading doubles at once
+        while self.running():
+            await asyncio.sleep(self.s.load_interval)
+            loads = await self.read_load(session, srv)
+            limit = next_limit(srv.limit, srv.in_flight, loads, self.policy, empty_before)
+            empty_before = all_empty(loads)
+            if limit != srv.limit:
+                srv.limit = limit
+                self.spawn(session, home)
+            self.note(srv, loads)
+
+    async def read_load(self, session: aiohttp.ClientSession, srv: Server) -> List[WorkerLoad]:
+        """The load of the workers behind SRV now: the router's /engine_metrics (every worker), else the
+        worker's own /metrics; [] when neither says anything (the limit then stays as it is)."""
+        urls = [srv.load_url] if srv.load_url else [srv.base + "/engine_metrics", srv.base + "/metrics"]
+        for url in urls:
+            try:
+                # identity: SGLang's /metrics (prometheus_client) gzips for a client that accepts it
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S),
+                                       headers={"Accept-Encoding": "identity", "Accept": "text/plain"}) as resp:
+                    status, body = resp.status, await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                continue
+            if status != 200:
+                continue
+            loads = parse_loads(body.decode("utf-8", "replace"))
+            if loads:
+                srv.load_url = url
+                return loads
+        srv.load_url = None  # look at both again next time (a router restarted, metrics switched on)
+        return []
+
+    async def listed_workers(self, session: aiohttp.ClientSession, srv: Server) -> int:
+        """How many workers a router lists (its GET /workers); 1 for a worker, or when it cannot say."""
+        try:
+            status, body = await http_get(session, srv.base + "/workers", LOAD_TIMEOUT_S)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return 1
+        listed = parse_router_workers(body) if status == 200 else None
+        return max(1, len(listed)) if listed is not None else 1
+
+    def note(self, srv: Server, loads: List[WorkerLoad]) -> None:
+        srv.stats["limit"] = srv.limit
+        if loads:
+            srv.stats.update(describe(loads))
+        # a line when the limit moved by a quarter since the last one: the ramp and the settling, not every tick
+        if srv.logged_limit == 0 or abs(srv.limit - srv.logged_limit) * 4 >= srv.logged_limit:
+            srv.logged_limit = srv.limit
+            load = describe(loads)
+            self.log(f"generate: {srv.base}: {srv.limit} requests in flight at most ({load['workers']} workers "
+                     f"report {load['running']} running, {load['queued']} queued)")
