@@ -197,3 +197,11 @@ def test_each_numeric_setting_refuses_a_value_below_its_least_and_a_string(key):
         with pytest.raises(ConfigError, match=r"generate\.%s: .*; set an? (number|integer) >= " % key):
             settings_from_config(cfg(generate={key: bad}))
     assert getattr(settings_from_config(cfg(generate={key: least})), key) == least
+
+
+def test_every_generate_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        settings_from_config(cfg(servers=["ftp://x"], sampling={"top_p": 2},
+                                 generate={"retries": -1, "tool_choice": "sometimes", "concurency": 8}))
+    keys = sorted(line.split(":", 1)[0] for line in info.value.errors)
+    assert keys == ["generate.concurency", "generate.retries", "generate.tool_choice", "sampling.top_p", "servers[0]"]

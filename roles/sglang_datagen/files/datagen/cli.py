@@ -135,9 +135,9 @@ def _indexes(text: str) -> List[int]:
 def check_config(config_path: str, check_inputs: bool = True, base_dir: Optional[str] = None) -> Dict[str, Any]:
     """Every check the stages make on a config, all problems at once (``ConfigError``), nothing run.
 
-    The core keys and the sources (``datagen.config``), then the ``servers``/``model``/``sampling``/
-    ``generate`` settings the generate stage reads (``datagen.gen.settings``, imported directly so
-    the check needs no HTTP client).
+    The core keys and the sources (``datagen.config``), then the ``servers``/``sampling``/``generate``
+    settings only the generate stage reads (``datagen.gen.settings``, imported directly so the check
+    needs no HTTP client). Each reports every problem it finds.
     """
     raw = load_raw(config_path)
     errors: List[str] = []
@@ -150,7 +150,7 @@ def check_config(config_path: str, check_inputs: bool = True, base_dir: Optional
     try:
         settings_from_config(raw)
     except ConfigError as exc:
-        errors += [line for line in getattr(exc, "errors", [str(exc)]) if line not in errors]
+        errors += [line for line in exc.errors if line not in errors]
     if errors:
         raise ConfigError(errors)
     base = base_dir or os.path.dirname(os.path.abspath(config_path))

@@ -2,8 +2,9 @@
 
 Every problem found is reported at once, one line each, as ``key.path: what is wrong (how to fix)``,
 e.g. ``sources[2].path: file not found: /data/metamath.jsonl``. Relative paths are resolved
-against the directory of the config file. The ``generate`` section and the entries of
-``sampling`` belong to ``datagen.generate`` (it validates them); they pass through untouched.
+against the directory of the config file. ``servers``, ``sampling`` and the ``generate`` section
+belong to the generate stage, and only its settings (``datagen.gen.settings``) judge them; they
+pass through here untouched (``check-config`` runs both).
 See ``datagen.example.yml`` next to the package for a documented example.
 """
 
@@ -82,8 +83,6 @@ class Config:
     target_total: int
     target_mix: Dict[str, float]
     sources: List[SourceSpec]
-    servers: List[str]
-    sampling: Dict[str, Any]
     max_length: int
     seed: int
     prepare: PrepareOptions
@@ -318,14 +317,6 @@ def validate(raw: Any, path: str = "<config>", check_inputs: bool = True) -> Con
     if raw.get("target_total") is None:
         c.err("target_total", "is required (number of new prompts to prepare, e.g. 200000)")
     sources = _check_sources(c, raw.get("sources"), mix)
-    servers = raw.get("servers") or []
-    if not isinstance(servers, list) or not all(
-        isinstance(s, str) and s.startswith(("http://", "https://")) for s in servers
-    ):
-        c.err("servers", f"must be a list of base URLs like http://127.0.0.1:30000, got {servers!r}")
-        servers = []
-    sampling = c.mapping("sampling", raw.get("sampling"))
-    c.mapping("generate", raw.get("generate"))
     max_length = c.int_("max_length", raw.get("max_length"), 4096, minimum=16)
     seed = c.int_("seed", raw.get("seed"), 0)
 
@@ -354,7 +345,7 @@ def validate(raw: Any, path: str = "<config>", check_inputs: bool = True) -> Con
     return Config(
         path=os.path.abspath(path) if path != "<config>" else path,
         work_dir=c.path(work_dir or "."), model=model or "", tokenizer=tokenizer, existing=existing,
-        target_total=target_total or 0, target_mix=mix, sources=sources, servers=servers, sampling=dict(sampling),
+        target_total=target_total or 0, target_mix=mix, sources=sources,
         max_length=max_length or 4096, seed=seed or 0, prepare=prepare, tokenize=tok, merge=merge, raw=raw,
     )
 

@@ -11,7 +11,8 @@ import json
 import os
 import re
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from functools import partial
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 from urllib.parse import urlsplit
 
 from ..config import ConfigError
@@ -283,30 +284,59 @@ def _fewer_workers(section: Mapping[str, Any]) -> str:
     return str(value)
 
 
+class _Problems:
+    """Every problem of a config, one line each: each setting is judged on its own, so one bad value does not
+    hide the next."""
+
+    def __init__(self) -> None:
+        self.lines: List[str] = []
+
+    def add(self, key: str, problem: str, fix: str) -> None:
+        self.lines.extend(_fail(key, problem, fix).errors)
+
+    def judge(self, parse: Callable[[], Any], default: Any) -> Any:
+        """PARSE's value, or DEFAULT (standing in, so that later checks can run) with its problem kept."""
+        try:
+            return parse()
+        except ConfigError as exc:
+            self.lines.extend(line for line in exc.errors if line not in self.lines)
+            return default
+
+
 def settings_from_config(raw: Mapping[str, Any]) -> GenerateSettings:
-    """Validate the parts of the datagen config that generate reads."""
+    """Validate the parts of the datagen config that generate reads; ConfigError lists every problem."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"config: expected a mapping at the top level, got {type(raw).__name__}")
-    if "servers" not in raw:
-        raise _fail("servers", "missing", "list the SGLang router or workers, e.g. [http://127.0.0.1:30000]")
     section = raw.get("generate") or {}
     if not isinstance(section, Mapping):
         raise _fail("generate", f"expected a mapping, got {section!r}", "write a YAML mapping")
-    unknown = sorted(set(section) - GENERATE_KEYS)
-    if unknown:
-        raise _fail(f"generate.{unknown[0]}", "unknown key", "use one of " + ", ".join(sorted(GENERATE_KEYS)))
-    values: Dict[str, Any] = {name: _number(section, name, least) for name, least in NUMBERS.items()}
-    values.update((name, _integer(section, name, least)) for name, least in INTEGERS.items())
+    problems = _Problems()
+    if "servers" not in raw:
+        problems.add("servers", "missing", "list the SGLang router or workers, e.g. [http://127.0.0.1:30000]")
+    for key in sorted(set(section) - GENERATE_KEYS):
+        problems.add(f"generate.{key}", "unknown key", "use one of " + ", ".join(sorted(GENERATE_KEYS)))
+    values: Dict[str, Any] = {name: problems.judge(partial(_number, section, name, least), DEFAULTS[name])
+                              for name, least in NUMBERS.items()}
+    values.update((name, problems.judge(partial(_integer, section, name, least), DEFAULTS[name]))
+                  for name, least in INTEGERS.items())
     for low, high in (("concurrency_min", "concurrency_max"), ("backoff_base", "backoff_max")):
         if values[high] < values[low]:
-            raise _fail(f"generate.{high}", f"{values[high]} is below {low} {values[low]}", f"raise {high} or lower {low}")
-    servers = parse_servers(raw["servers"])
-    return GenerateSettings(
-        servers=servers, model=parse_model(raw.get("model")), sampling=parse_sampling(raw.get("sampling")),
-        **_thinking(section), extra_body=_extra_body(section), tool_choice=_tool_choice(section),
-        concurrency=_concurrency(section), api_key_env=_api_key_env(section),
-        workers=_router_workers(section, servers), fewer_workers=_fewer_workers(section), **values,
+            problems.add(f"generate.{high}", f"{values[high]} is below {low} {values[low]}", f"raise {high} or lower {low}")
+    servers = problems.judge(partial(parse_servers, raw.get("servers")), ()) if "servers" in raw else ()
+    judged: Dict[str, Any] = dict(
+        model=problems.judge(partial(parse_model, raw.get("model")), None),
+        sampling=problems.judge(partial(parse_sampling, raw.get("sampling")), {}),
+        **problems.judge(partial(_thinking, section), {}),
+        extra_body=problems.judge(partial(_extra_body, section), {}),
+        tool_choice=problems.judge(partial(_tool_choice, section), DEFAULTS["tool_choice"]),
+        concurrency=problems.judge(partial(_concurrency, section), None),
+        api_key_env=problems.judge(partial(_api_key_env, section), None),
+        workers=problems.judge(partial(_router_workers, section, servers), ()) if servers else (),
+        fewer_workers=problems.judge(partial(_fewer_workers, section), DEFAULTS["fewer_workers"]),
     )
+    if problems.lines:
+        raise ConfigError(problems.lines)
+    return GenerateSettings(servers=servers, **judged, **values)
 
 
 def _thinking(section: Mapping[str, Any]) -> Dict[str, Any]:
