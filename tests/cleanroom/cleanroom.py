@@ -21,8 +21,8 @@ its lab uses the README's 127.0.0.1:2222, /var/lib/gpuops-lab and containers
 (/var/lib/gpuops-cleanroom/lxc) and name. With no network, the inputs a network
 would give come from caches built here (in /var/cache/gpuops-cleanroom, keyed
 by their inputs, reused by the next run): a file apt repository with the .debs
-scripts/setup installs (resolved against the rootfs), a wheelhouse of
-requirements.txt and requirements-importer.txt (the clean room's /etc/pip.conf
+scripts/setup installs (resolved against the rootfs), a wheelhouse of every
+requirements file scripts/setup installs (REQUIREMENTS; the clean room's /etc/pip.conf
 points pip at it, no index), and the host's debootstrap cache, bind-mounted
 read-only where the inner lab looks for it. Not covered: the datagen half (pip installs from PyPI inside
 CT200) and ./scripts/test (45 minutes).
@@ -204,8 +204,9 @@ def apt_repo(rootfs: str, packages: list[str]) -> str:
     return publish(tmp, final)
 
 
-# The requirements files scripts/setup installs, each into a venv of its own.
-REQUIREMENTS = ("requirements.txt", "requirements-importer.txt")
+# The requirements files scripts/setup installs, each into a venv of its own (tests/unit/lab/test_cleanroom.py
+# holds this list equal to scripts/setup's).
+REQUIREMENTS = ("requirements.txt", "requirements-importer.txt", "requirements-paramiko-oldest.txt")
 
 
 def wheelhouse() -> str:

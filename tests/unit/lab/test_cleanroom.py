@@ -4,11 +4,12 @@ like on any other failure (no retry hides it)."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
 
-from tests.support.paths import TESTS, load_script
+from tests.support.paths import ROOT, TESTS, load_script
 
 cleanroom = load_script(TESTS / "cleanroom" / "cleanroom.py", "gpuops_cleanroom")
 
@@ -58,3 +59,9 @@ def test_a_kill_from_outside_fails_the_run_with_what_the_machine_showed(monkeypa
 def test_any_other_failure_fails_the_run(monkeypatch, capsys):
     rc, calls = _main_with(monkeypatch, [cleanroom.CleanRoomError("setup failed (rc 1)")])
     assert (rc, len(calls)) == (1, 1) and "setup failed (rc 1)" in capsys.readouterr().out
+
+
+def test_the_wheelhouse_holds_every_requirements_file_setup_installs():
+    """The clean room has no index: a venv scripts/setup makes from a file missing here cannot install."""
+    setup = (ROOT / "scripts" / "setup").read_text()
+    assert sorted(re.findall(r"^sync_venv \S+ (\S+)$", setup, re.MULTILINE)) == sorted(cleanroom.REQUIREMENTS)
