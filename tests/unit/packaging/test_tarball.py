@@ -26,7 +26,7 @@ from tests.support import built_collection as bc
 DEV_ONLY = (
     "tests/", "scripts/", "extensions/", ".ci/", ".collections/", "collections/", "inventories/lab/",
     ".ansible-lint", ".gitignore", "ansible.cfg", "pyproject.toml", "requirements.txt", "execution-environment.yml",
-    "requirements-importer.txt", "examples/awx/",
+    "requirements-importer.txt", "requirements-paramiko-oldest.txt", "examples/awx/",
 )
 # What a user of the installed collection runs and reads: every checkout file under these ships.
 USER_CONTENT = (
