@@ -24,12 +24,12 @@ and ``MasterClient`` (the same calls, answered by the master). Failures raise
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import dataclasses
 import errno
 import fcntl
 import hashlib
-import itertools
 import json
 import os
 import select
@@ -43,7 +43,7 @@ import time
 import typing as t
 
 CHUNK = 1024 * 1024  # file transfer block: bounded memory for any file size
-GET_DEPTH = 64  # a download's read requests per window: 2 MiB ahead of the local writes (SFTP_READ each)
+GET_DEPTH = 64  # a download's read requests in flight: 2 MiB ahead of the local writes (SFTP_READ each)
 SFTP_READ = 32768  # bytes one SFTP read asks for: what every server answers in full (paramiko's MAX_REQUEST_SIZE)
 # use_rsa_sha2_algorithms false: the algorithm names disabled (as OpenSSH spells them; names paramiko does not
 # know are ignored by its disabled_algorithms)
@@ -549,27 +549,12 @@ class DirectSession:
             raise SessionError("transfer", "SFTP wrote %s bytes of %s to %s" % (got, size, remote))
 
     def get(self, remote: str, local: str) -> None:
-        """Download REMOTE to LOCAL, GET_DEPTH read requests at a time (:func:`read_windows`).
-
-        Each window is read through its own handle with paramiko's ``readv``. Not one prefetch of the whole
-        file: paramiko calls a prefetch done whenever every read request sent so far is answered, though its
-        thread has more to send. A reader that catches up with a starved thread (a loaded machine) then reads
-        the rest one request at a time, while every answer to what the thread still sends piles up unread: the
-        whole file in memory (seen in CI: 264 MiB for 200 MiB). Within a window that pile is at most the
-        window, and closing the window's handle lets it go.
-        """
-        written = 0
+        """Download REMOTE to LOCAL with GET_DEPTH read requests in flight (:func:`_pipelined_read`)."""
         with self._sftp_client() as sftp:
             try:
                 size = sftp.stat(remote).st_size
-                with open(local, "wb") as dst:
-                    for window in read_windows(size):
-                        with sftp.open(remote, "rb") as src:
-                            for data in src.readv(window):
-                                if not data:
-                                    break  # the file is shorter than it was: the count below says so
-                                dst.write(data)
-                                written += len(data)
+                with sftp.open(remote, "rb") as src, open(local, "wb") as dst:
+                    written = _pipelined_read(sftp, src.handle, size, dst)
             except (OSError, EOFError) as e:
                 raise SessionError("transfer", "SFTP download of the host's %s to %s failed: %s" % (remote, local, e)) from None
         if written != size:
@@ -593,14 +578,61 @@ def read_requests(size: int, block: int = SFTP_READ) -> t.Iterator[t.Tuple[int, 
     return ((offset, min(block, size - offset)) for offset in range(0, size, block))
 
 
-def read_windows(size: int, block: int = SFTP_READ, depth: int = GET_DEPTH) -> t.Iterator[t.List[t.Tuple[int, int]]]:
-    """The reads of SIZE bytes (:func:`read_requests`) in windows of at most DEPTH, in order."""
-    requests = read_requests(size, block)
+class _Answers:
+    """Where paramiko's SFTP client hands the answer to a request sent with this as its file object."""
+
+    def __init__(self) -> None:
+        self.by_request: t.Dict[int, t.Tuple[int, t.Any]] = {}
+
+    def _async_response(self, kind: int, msg: t.Any, num: int) -> None:
+        self.by_request[num] = (kind, msg)
+
+
+def _pipelined_read(sftp: t.Any, handle: bytes, size: int, dst: t.BinaryIO, depth: int = GET_DEPTH) -> int:
+    """Read SIZE bytes of the open remote HANDLE into DST with DEPTH requests in flight; the bytes written.
+
+    Not paramiko's prefetch: it calls itself done whenever every read request sent so far is answered,
+    though its thread has more to send. A reader that catches up with a starved thread (a loaded
+    machine) then reads the rest one request at a time, while every answer to what the thread still
+    sends piles up unread: the whole file in memory (seen in CI: 264 MiB for 200 MiB). This sends the
+    requests itself, from this thread, never more than DEPTH ahead, through the same client calls
+    paramiko's prefetch makes (``_async_request``, ``_read_response``, ``_convert_status``).
+    """
+    from paramiko.sftp import CMD_DATA, CMD_READ, CMD_STATUS, int64
+
+    answers = _Answers()
+    todo = read_requests(size)
+    retry: t.Deque[t.Tuple[int, int]] = collections.deque()  # what a short answer left out
+    in_flight: t.Deque[t.Tuple[int, int, int]] = collections.deque()  # (request, offset, length), oldest first
+    written = position = 0
     while True:
-        window = list(itertools.islice(requests, depth))
-        if not window:
-            return
-        yield window
+        while len(in_flight) < depth:
+            nxt = retry.popleft() if retry else next(todo, None)
+            if nxt is None:
+                break
+            num = sftp._async_request(answers, CMD_READ, handle, int64(nxt[0]), int(nxt[1]))
+            in_flight.append((num, nxt[0], nxt[1]))
+        if not in_flight:
+            return written
+        num, offset, length = in_flight.popleft()
+        while num not in answers.by_request:
+            sftp._read_response()
+        kind, msg = answers.by_request.pop(num)
+        if kind == CMD_STATUS:
+            sftp._convert_status(msg)  # EOFError (the file is shorter than its size) or OSError
+            raise OSError("the server answered a read with no data")
+        if kind != CMD_DATA:
+            raise OSError("the server answered a read with SFTP message type %d" % kind)
+        data = msg.get_string()
+        if not data:
+            raise OSError("the server answered a read at offset %d with no data" % offset)
+        if offset != position:  # only after a short answer: a seek flushes DST's buffer
+            dst.seek(offset)
+        dst.write(data)
+        position = offset + len(data)
+        written += len(data)
+        if len(data) < length:  # a server may answer short: ask again for the rest
+            retry.append((offset + len(data), length - len(data)))
 
 
 def _connection_lost(chan: t.Any) -> bool:

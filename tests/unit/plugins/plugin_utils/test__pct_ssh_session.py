@@ -127,11 +127,6 @@ def test_read_requests_cover_the_file_in_order(size, reads):
     assert list(_pct_ssh.read_requests(size, 8)) == reads
 
 
-def test_read_windows_hold_at_most_depth_reads_in_order():
-    assert list(_pct_ssh.read_windows(0, 8, 2)) == []
-    assert list(_pct_ssh.read_windows(40, 8, 2)) == [[(0, 8), (8, 8)], [(16, 8), (24, 8)], [(32, 8)]]
-
-
 def _starved_prefetch(monkeypatch):
     """paramiko's prefetch thread sends 4 read requests, then loses the CPU for 0.3 s (a loaded machine),
     then sends the rest: the reader answers those 4 meanwhile, and paramiko calls the prefetch done."""
@@ -180,7 +175,7 @@ def test_download_holds_its_requests_in_flight_when_paramiko_would_end_its_prefe
         assert _peak_mib(whole_file_prefetch) > 32
         out = tmp_path / "out.bin"
         peak = _peak_mib(lambda: session.get(d + "/file", str(out)))
-        assert peak < 8, "get held %.1f MiB" % peak  # a window is 2 MiB
+        assert peak < 8, "get held %.1f MiB" % peak  # 2 MiB in flight, 1 MiB blocks
         assert out.read_bytes() == src.read_bytes()
     finally:
         session.rmtree(d)
@@ -379,6 +374,52 @@ def test_control_socket_and_directory_are_private(sshd, tmp_path):
     with pytest.raises(_pct_ssh.SessionError) as exc:
         _pct_ssh.open_master(settings(sshd), str(link), persist=5, start_timeout=30)
     assert "not a directory" in exc.value.msg
+
+
+class _ShortAnswers:
+    """An SFTP client's request/answer calls over a bytes CONTENT, answering every read with at most MOST
+    bytes, in order, and EOF past the end: a server that answers short, which OpenSSH's sftp-server never does."""
+
+    def __init__(self, content: bytes, most: int) -> None:
+        self.content, self.most = content, most
+        self.queue: list = []
+        self.number = 0
+
+    def _async_request(self, fileobj, kind, handle, offset, length):
+        import paramiko
+        from paramiko.sftp import CMD_DATA, CMD_READ, CMD_STATUS, SFTP_EOF
+
+        assert kind == CMD_READ and handle == b"h"
+        msg = paramiko.Message()
+        data = self.content[int(offset):int(offset) + min(length, self.most)]
+        if data:
+            msg.add_string(data)
+        else:
+            msg.add_int(SFTP_EOF)
+            msg.add_string("End of file")
+        msg.rewind()
+        self.number += 1
+        self.queue.append((fileobj, CMD_DATA if data else CMD_STATUS, msg, self.number))
+        return self.number
+
+    def _read_response(self):
+        fileobj, kind, msg, num = self.queue.pop(0)
+        fileobj._async_response(kind, msg, num)
+
+    def _convert_status(self, msg):
+        import paramiko
+
+        paramiko.SFTPClient._convert_status(self, msg)
+
+
+def test_a_short_answer_is_asked_again_for_the_rest_and_eof_early_is_an_error(tmp_path):
+    content = os.urandom(200_000)
+    out = tmp_path / "out.bin"
+    with open(out, "wb") as dst:
+        assert _pct_ssh._pipelined_read(_ShortAnswers(content, 10_000), b"h", len(content), dst, depth=4) == len(content)
+    assert out.read_bytes() == content
+    with open(out, "wb") as dst, pytest.raises(EOFError):  # the file is shorter than the size it was read for
+        _pct_ssh._pipelined_read(_ShortAnswers(content, 40_000), b"h", len(content) + 5, dst)
 
 
 def test_a_file_shorter_when_read_than_when_sized_is_a_transfer_error(session, tmp_path, monkeypatch):

@@ -2,7 +2,9 @@
 
 The newest is the project's own pin (requirements.txt), which every other test runs on. The oldest gets a venv of
 its own (.venv-paramiko-oldest, scripts/setup), where this runs the SSH session's tests (real sshd on loopback,
-real transfers) again: the session uses paramiko's public API only, and that API must be there in the oldest too.
+real transfers) again. Downloads drive paramiko's SFTP client calls below its public API (its public prefetch can
+hold a whole file in memory, and reading in public windows was 2.6x slower): those calls must be there, and
+behave, in every release the range admits.
 """
 
 from __future__ import annotations
