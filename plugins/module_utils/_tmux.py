@@ -66,27 +66,24 @@ def parse_panes(text: str, session: str) -> list[Pane]:
     return panes
 
 
-def tmux_list_panes_argv(socket: str | None = None, tmux: str = "tmux") -> list[str]:
+def tmux_prefix(run_as: str | None = None, socket: str | None = None) -> list[str]:
+    """``tmux [-S SOCKET]``, behind ``runuser -u USER --`` to reach USER's tmux server (and start the job as USER)."""
+    argv = ["runuser", "-u", run_as, "--"] if run_as else []
+    return argv + ["tmux"] + (["-S", socket] if socket else [])
+
+
+def tmux_list_panes_argv(socket: str | None = None) -> list[str]:
     # every pane of the server, filtered by exact session name in Python: tmux's own target
     # lookup is fuzzy ("list-panes -s -t =dflash" resolves to a session "dflash-eval" in tmux 3.3)
-    argv = [tmux]
-    if socket:
-        argv += ["-S", socket]
-    return argv + ["list-panes", "-a", "-F", PANES_FORMAT]
+    return tmux_prefix(socket=socket) + ["list-panes", "-a", "-F", PANES_FORMAT]
 
 
-def tmux_send_keys_argv(pane_id: str, keys: str = "C-c", socket: str | None = None, tmux: str = "tmux") -> list[str]:
-    argv = [tmux]
-    if socket:
-        argv += ["-S", socket]
-    return argv + ["send-keys", "-t", pane_id, keys]
+def tmux_send_keys_argv(pane_id: str, keys: str = "C-c", socket: str | None = None) -> list[str]:
+    return tmux_prefix(socket=socket) + ["send-keys", "-t", pane_id, keys]
 
 
-def tmux_capture_argv(pane_id: str, lines: int = 50, socket: str | None = None, tmux: str = "tmux") -> list[str]:
-    argv = [tmux]
-    if socket:
-        argv += ["-S", socket]
-    return argv + ["capture-pane", "-p", "-J", "-t", pane_id, "-S", "-%d" % lines]
+def tmux_capture_argv(pane_id: str, lines: int = 50, socket: str | None = None, run_as: str | None = None) -> list[str]:
+    return tmux_prefix(run_as, socket) + ["capture-pane", "-p", "-J", "-t", pane_id, "-S", "-%d" % lines]
 
 
 def last_step(text: str, step_regex: t.Pattern[str]) -> int | None:
@@ -180,12 +177,6 @@ def format_escape(text: str) -> str:
     return text.replace("#", "##")
 
 
-def tmux_prefix(run_as: str | None = None, socket: str | None = None) -> list[str]:
-    """``tmux [-S SOCKET]``, behind ``runuser -u USER --`` to reach USER's tmux server (and start the job as USER)."""
-    argv = ["runuser", "-u", run_as, "--"] if run_as else []
-    return argv + ["tmux"] + (["-S", socket] if socket else [])
-
-
 def tmux_env() -> dict[str, str]:
     # $TMUX would point the client at the server this module runs under (a local connection from inside tmux),
     # whatever user it is meant to reach
@@ -222,6 +213,5 @@ class Tmux:
 
     def capture(self, pane_id: str, lines: int) -> str | None:
         """The last ``lines`` lines of the pane (joined where they wrapped); None when tmux cannot say."""
-        runuser = tmux_prefix(self.run_as)[:-1]  # runuser -u USER -- (or nothing)
-        done = self.run_argv(runuser + tmux_capture_argv(pane_id, lines, socket=self.socket))
+        done = self.run_argv(tmux_capture_argv(pane_id, lines, self.socket, self.run_as))
         return done.stdout if done.returncode == 0 else None
