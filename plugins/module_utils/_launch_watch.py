@@ -73,13 +73,6 @@ def job_tree(root: int, table: t.Mapping[int, ProcessInfo]) -> list[dict[str, t.
     return [{"pid": m.pid, "ppid": m.info.ppid, "cmdline": m.info.command} for m in ordered]
 
 
-def find_running(session: str, argv: t.Sequence[str], tmux: Tmux | None = None) -> list[tuple[Pane, ProcessInfo]]:
-    """The processes in ``session``'s live panes (any window) whose full argv is ``argv``."""
-    tmux = tmux or Tmux()
-    panes = tmux.panes(session)
-    return running_in_panes(panes, read_table(light=True), argv) if panes else []
-
-
 # ---------------------------------------------------------------- the wait
 
 def first_step_after(text: str, step_regex: t.Pattern[str], min_step: int | None) -> tuple[str, int] | None:
