@@ -95,7 +95,6 @@ class Engine:
         self._stop: Optional[asyncio.Event] = None
         self._pool: Optional[ServerPool] = None  # made in run(): its events belong to the run's loop
         self._codec: Optional[RowCodec] = None  # once the model is known
-        self._model: Optional[str] = settings.model
         self._rand = random.Random().random
         self._workers: Set[asyncio.Task] = set()
         self._crash: Optional[BaseException] = None
@@ -105,7 +104,7 @@ class Engine:
     @property
     def model(self) -> Optional[str]:
         """The served model: the configured one, or the first one the servers list."""
-        return self._pool.model if self._pool is not None else self._model
+        return self._pool.model if self._pool is not None else self.s.model
 
     # ------------------------------------------------------------ input
 
