@@ -84,13 +84,14 @@ def run_prepare(cfg: Any, force: bool = False) -> Dict[str, Any]:
                 "prompts": out_path, "manifest": man_path}
     existing = read_existing(cfg)
     check_mix(cfg, existing)
+    manual = manual_counts(cfg)
     spool_path = paths.in_work(work, paths.PREPARE_SPOOL)
     try:
         with open(spool_path, "w", encoding="utf-8") as spool:
-            supply = spool_usable_rows(cfg, existing.keys, spool)
+            supply = spool_usable_rows(cfg, existing.keys, spool, manual)
         available = {k: len(v) for k, v in supply.ranks.items()}
         the_plan = quota.plan(existing.counts, cfg.target_mix, cfg.target_total, available,
-                              {s.name: s.weight for s in cfg.sources}, manual_counts(cfg),
+                              {s.name: s.weight for s in cfg.sources}, manual,
                               downsample=cfg.merge.allow_downsample)
         take: Dict[Tuple[str, str], int] = the_plan["take"]  # type: ignore[assignment]
         thresholds = {k: quota.rank_threshold(supply.ranks[k], n) for k, n in take.items() if n > 0}
@@ -161,11 +162,10 @@ def check_mix(cfg: Any, existing: Existing) -> None:
         print(f"datagen prepare: {warning}", file=sys.stderr, flush=True)
 
 
-def spool_usable_rows(cfg: Any, existing_keys: set, spool: TextIO) -> Supply:
+def spool_usable_rows(cfg: Any, existing_keys: set, spool: TextIO, manual: Dict[str, int]) -> Supply:
     """Pass 1: read every source once; spool each usable, new row as "rank bucket<TAB>json"."""
     supply = Supply()
     seen: set = set()
-    manual = manual_counts(cfg)
     for index, spec in enumerate(cfg.sources):
         stats = supply.per_source[spec.name] = {"read": 0, "usable": 0, "unusable": {}}
         for raw in iter_source(spec, index):
