@@ -36,7 +36,8 @@ with the lab's tests): the error says which it looks like (the kernel's OOM kill
 count across the step, whether the clean room's init still runs, MemAvailable).
 It fails the run like any other failure. (Once, the cause was the lab's `down`:
 it ended its mount namespace by the namespace's inode number, which the kernel
-had just given to this container; tests/lab/lab.py now checks the lab's overlays too.)
+had just given to this container; the lab now checks its overlays too:
+tests/lab/labctl/supervisor.py.)
 
     scripts/cleanroom [--keep]      --keep leaves the container for a look (lxc-attach -P ... -n ...)
 """
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
+import importlib
 import json
 import os
 import re
@@ -141,12 +142,10 @@ def read_text(*parts: str) -> str:
 
 
 def lab_module():
-    """tests/lab/lab.py, for its rootfs cache (one place for the debootstrap spec)."""
-    spec = importlib.util.spec_from_file_location("gpuops_lab", os.path.join(ROOT, "tests", "lab", "lab.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The lab's containers module (tests/lab/labctl/containers.py), for its rootfs cache (one place for the
+    debootstrap spec); the lab's package is imported the way tests/lab/lab.py imports it."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "lab"))
+    return importlib.import_module("labctl.containers")
 
 
 def setup_packages() -> list[str]:

@@ -23,9 +23,11 @@ import shlex
 import pytest
 import yaml
 
+from tests.lab.labctl import facts as lab_facts
+from tests.lab.labctl.trainer import trainer_command
 from tests.support.ct200 import ct_processes, decoy_pids, lock_holder, pane_pids
 from tests.support.lab import MAIN_CT, lab_cli, restore_trainer, trainer
-from tests.support.paths import LAB_DIR, LAB_INVENTORY, ROOT, load_script
+from tests.support.paths import LAB_INVENTORY, ROOT
 from tests.support.playbook import recap, run_playbook
 from tests.support.restore import (
     RECORD,
@@ -50,8 +52,6 @@ pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
 with open(ROOT / "roles" / "stop_training" / "defaults" / "main.yml", encoding="utf-8") as _handle:
     ROLE_DEFAULTS = yaml.safe_load(_handle)
 DECOY_SESSIONS = ("edit", "monitor")
-# the lab itself (tests/lab/lab.py): how it starts torchrun (trainer_command), where the job saves
-LAB = load_script(LAB_DIR / "lab.py", "gpuops_lab_torchrun")
 # the way back's dataset: a directory made here in CT200 (the job's --data accepts a file or a directory)
 RESTORE_DATA = "/root/dflash/data/merged-v2/"
 
@@ -73,7 +73,7 @@ def role_defaults(status: dict) -> dict:
         "stop_training_match": ROLE_DEFAULTS["stop_training_match"],
         "stop_training_ladder": ROLE_DEFAULTS["stop_training_ladder"],
         "stop_training_checkpoint_patterns": ROLE_DEFAULTS["stop_training_checkpoint_patterns"],
-        "stop_training_checkpoint_dir": LAB.TORCHRUN_CKPT,
+        "stop_training_checkpoint_dir": lab_facts.TORCHRUN_CKPT,
     }
 
 
@@ -94,7 +94,7 @@ def fresh_torchrun(status: dict, ckpt_every: int = 0) -> dict:
     again: it saves nothing on the way out), so no save of an earlier run lands in the directory."""
     done = lab_cli("trainer", "none")
     assert done.returncode == 0, done.stderr + done.stdout
-    attach(status, "find", LAB.TORCHRUN_CKPT, "-maxdepth", "1", "-name", "ckpt-*", "-delete", check=False)
+    attach(status, "find", lab_facts.TORCHRUN_CKPT, "-maxdepth", "1", "-name", "ckpt-*", "-delete", check=False)
     attach(status, "rm", "-f", RECORD)
     done = lab_cli("trainer", "torchrun", *(["--ckpt-every", str(ckpt_every)] if ckpt_every else []), timeout=600)
     assert done.returncode == 0, done.stderr + done.stdout
@@ -106,7 +106,7 @@ def fresh_torchrun(status: dict, ckpt_every: int = 0) -> dict:
 def started_argv(status: dict, job: dict, ckpt_every: int = 0) -> list[str]:
     """torchrun's argv as the lab started it (its trainer_command), as the kernel holds it: torchrun is a console
     script, so /proc shows its #! interpreter first. Read from the lab and CT200, never through the code under test."""
-    lab_argv = shlex.split(LAB.trainer_command(LAB.TORCHRUN, ckpt_every))
+    lab_argv = shlex.split(trainer_command(lab_facts.TORCHRUN, ckpt_every))
     assert shlex.split(job["command"]) == lab_argv, job["command"]
     started = proc_cmdline(status, job["pids"]["launcher"])
     assert started == kernel_argv(status, lab_argv), started
@@ -119,7 +119,7 @@ def make_dataset(status: dict) -> None:
 
 
 def checkpoint_names(status: dict) -> list[str]:
-    return sorted(n for n in attach(status, "ls", LAB.TORCHRUN_CKPT).stdout.split() if n.startswith("ckpt-"))
+    return sorted(n for n in attach(status, "ls", lab_facts.TORCHRUN_CKPT).stdout.split() if n.startswith("ckpt-"))
 
 
 def assert_resumed(status: dict, started: list[str], ckpt: dict) -> None:
@@ -138,7 +138,7 @@ def assert_resumed(status: dict, started: list[str], ckpt: dict) -> None:
     assert nxt and nxt.start() > shown.index(resumed), shown
     assert first_step(shown) == ckpt["step"] + 1, shown
     assert "data %s" % RESTORE_DATA in shown, shown
-    ranks = [pid for pid in child_pids(status, launcher) if LAB.TORCHRUN_SCRIPT in proc_cmdline(status, pid)]
+    ranks = [pid for pid in child_pids(status, launcher) if lab_facts.TORCHRUN_SCRIPT in proc_cmdline(status, pid)]
     assert len(ranks) == 2, (launcher, child_pids(status, launcher))
     held = sorted(tuple(devices_held(status, rank)) for rank in ranks)
     assert held == [("/dev/nvidia0",), ("/dev/nvidia1",)], held
@@ -221,7 +221,7 @@ def test_role_defaults_stop_then_restore_resumes_torchrun_from_its_last_whole_ch
     # Ctrl-C: rank 0 saved on the way out, the one checkpoint in the directory
     saved = checkpoint_names(lab)
     ckpt = record["checkpoint"]
-    assert len(saved) == 1 and ckpt["path"] == "%s/%s" % (LAB.TORCHRUN_CKPT, saved[0]), (saved, ckpt)
+    assert len(saved) == 1 and ckpt["path"] == "%s/%s" % (lab_facts.TORCHRUN_CKPT, saved[0]), (saved, ckpt)
     assert ckpt["whole"] and ckpt["step"] == int(saved[0][5:11]) and record["checkpoint_skipped"] == [], record
     make_dataset(lab)
 
@@ -241,13 +241,13 @@ def test_role_defaults_stop_then_restore_resumes_torchrun_from_its_last_whole_ch
 def test_a_truncated_newer_checkpoint_is_skipped_by_the_stop_and_by_the_restore(lab):
     job = fresh_torchrun(lab, ckpt_every=5)
     started = started_argv(lab, job, ckpt_every=5)
-    first = sorted(wait_for_checkpoint(lab, LAB.TORCHRUN_CKPT))[0]
-    torn = LAB.TORCHRUN_CKPT + "/ckpt-999999.pt"
+    first = sorted(wait_for_checkpoint(lab, lab_facts.TORCHRUN_CKPT))[0]
+    torn = lab_facts.TORCHRUN_CKPT + "/ckpt-999999.pt"
     try:
         # a real checkpoint, newer by step, cut to half its size, its mtime a minute back (no save in progress)
         attach(lab, "sh", "-c", 'head -c $(( $(stat -c %s "$1") / 2 )) "$1" > "$2.part" && '
                'touch -d "@$(( $(date +%s) - 60 ))" "$2.part" && mv "$2.part" "$2"', "sh",
-               "%s/%s" % (LAB.TORCHRUN_CKPT, first), torn)
+               "%s/%s" % (lab_facts.TORCHRUN_CKPT, first), torn)
 
         rc, out = role_defaults_play(lab)
 
@@ -255,7 +255,7 @@ def test_a_truncated_newer_checkpoint_is_skipped_by_the_stop_and_by_the_restore(
         flat = " ".join(out.split())
         # the newest whole one: the highest step the job saved (its Ctrl-C save), read from the directory
         whole_name = max((n for n in checkpoint_names(lab) if n != "ckpt-999999.pt"), key=lambda n: int(n[5:11]))
-        whole, step = "%s/%s" % (LAB.TORCHRUN_CKPT, whole_name), int(whole_name[5:11])
+        whole, step = "%s/%s" % (lab_facts.TORCHRUN_CKPT, whole_name), int(whole_name[5:11])
         assert "Not whole, skipped: %s (truncated" % torn in flat, out
         assert "Last whole checkpoint: %s, step %d (" % (whole, step) in flat, out
         record = read_record(lab)

@@ -22,7 +22,7 @@ A lane's inventories are the checkout's ``inventories/lab`` and ``inventories/la
 with that lane's facts (:func:`render_inventory`), written by ``lab up`` under the lane's directory;
 for lane 0 the rendering is the identity. Which lane a process uses: ``GPUOPS_LAB_LANE`` (default 0).
 
-Standard library only: ``tests/lab/lab.py`` (run by the system python3) and the tests both load it.
+Standard library only: the lab (``tests/lab/labctl``, run by the system python3) and the tests both load it.
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ def reboot_hang_fault(status: dict, vmid: str = MAIN_CT) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def lab_lock(status: dict, timeout: float = 600) -> Iterator[None]:
-    """The lab's own operation lock (tests/lab/lab.py ``Lock``): no ``lab up|trainer`` changes CT200 meanwhile."""
+    """The lab's own operation lock (tests/lab/labctl/host.py ``Lock``): no ``lab up|trainer`` changes CT200 meanwhile."""
     path = status["lock_file"]
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:

@@ -39,7 +39,7 @@ IMPORT_DIRS = (COLLECTIONS, DATAGEN_FILES, TRAINER_DIR, FAKEGPU_DIR, STANDIN_DIR
 
 
 def load_script(path: Path, name: str) -> ModuleType:
-    """A program that is not in a package (tests/lab/lab.py, tests/cleanroom/cleanroom.py) as module NAME."""
+    """A program that is not in a package (tests/lab/lanes.py, tests/cleanroom/cleanroom.py) as module NAME."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before it runs: its dataclasses look their module up

@@ -1,4 +1,4 @@
-"""tests/lab/lab.py clears the cgroups a killed CT left behind, and only empty ones of that CT.
+"""The lab (tests/lab/labctl/containers.py) clears the cgroups a killed CT left behind, and only empty ones of that CT.
 
 A CT whose LXC monitor was SIGKILLed (a machine's processes killed between two runs) leaves
 lxc/VMID and lxc.monitor/VMID behind; with Proxmox VE's fixed cgroup names the next lxc-start
@@ -13,9 +13,7 @@ import uuid
 
 import pytest
 
-from tests.support.paths import LAB_DIR, load_script
-
-lab = load_script(LAB_DIR / "lab.py", "gpuops_lab_cgroups")
+from tests.lab.labctl import containers as lab
 
 PIDS = "/sys/fs/cgroup/pids"
 

@@ -1,4 +1,4 @@
-"""tests/lab/lab.py's end of a lab host's mount namespace signals only that namespace's processes.
+"""The lab's end of a lab host's mount namespace signals only that namespace's processes.
 
 A namespace's inode number ('mnt:[N]') is handed to the next namespace the kernel creates once the first one
 has ended (the lowest free number), so the number recorded at `lab up` can name a stranger's namespace at
@@ -14,9 +14,7 @@ import time
 
 import pytest
 
-from tests.support.paths import LAB_DIR, load_script
-
-lab = load_script(LAB_DIR / "lab.py", "gpuops_lab")
+from tests.lab.labctl import supervisor as lab
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and overlays need root")
 

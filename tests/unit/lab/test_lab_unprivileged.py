@@ -1,4 +1,4 @@
-"""tests/lab/lab.py's shift of a container's ids into and out of an unprivileged container's map.
+"""The lab's (tests/lab/labctl/containers.py) shift of a container's ids into and out of an unprivileged container's map.
 
 Real files under a temporary directory, chowned as root: the shift moves only ids of the range not yet shifted
 (so it is idempotent and finishes an interrupted run), keeps set-id bits that chown clears, and never follows a
@@ -12,9 +12,7 @@ import stat
 
 import pytest
 
-from tests.support.paths import LAB_DIR, load_script
-
-lab = load_script(LAB_DIR / "lab.py", "gpuops_lab_unprivileged")
+from tests.lab.labctl import containers as lab
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 
