@@ -26,28 +26,17 @@ import time
 
 import pytest
 
+from tests.support import restore as way_back
 from tests.support.ct200 import lock_holder, trainer_pids
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import banners_until, kill_playbook, start_playbook
-from tests.support.restore import (
-    ALL_GPUS,
-    RESTORE_PLAYBOOK,
-    TRAINER_DATA,
-    first_step,
-    held_gpus,
-    pane,
-    read_record,
-    restore,
-    stopped_with_record,
-    summary_lines,
-)
 from tests.support.ssh import attach
 from tests.support.stop_faults import controller_running, read_lock
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(1500)]
 
-RESTORE_VARS = {"restore_training_dataset": TRAINER_DATA}
+RESTORE_VARS = {"restore_training_dataset": way_back.TRAINER_DATA}
 SERVING = "sglang-datagen.target"
 # roles/restore_training/tasks: the GPU proof (release.yml), then the launch (launch.yml), whose banner is the
 # kill point
@@ -73,10 +62,6 @@ def active(status: dict, unit: str) -> str:
     return attach(status, "systemctl", "is-active", unit, check=False).stdout.strip()
 
 
-def windows(status: dict) -> list:
-    return attach(status, "tmux", "list-windows", "-t", "=dflash", "-F", "#{window_name}", check=False).stdout.split()
-
-
 def task_of(banner: str) -> str:
     """A banner's task name without its role prefix (``gpuops.repurpose.restore_training : ``)."""
     return banner.split(" : ", 1)[-1]
@@ -84,7 +69,7 @@ def task_of(banner: str) -> str:
 
 def test_controller_killed_before_the_launch_then_a_plain_rerun_finishes_the_way_back(lab, figures):
     status = lab
-    record = stopped_with_record(status)
+    record = way_back.stopped_with_record(status)
     ckpt = record["checkpoint"]
     assert ckpt and ckpt["whole"] and ckpt["step"] % 5 == 0, record
     serving = serving_units(status)
@@ -96,7 +81,7 @@ def test_controller_killed_before_the_launch_then_a_plain_rerun_finishes_the_way
                  "%s started" % SERVING if serving else "no serving units in the container (data half not deployed)")
 
     t0 = time.monotonic()
-    proc = start_playbook(RESTORE_PLAYBOOK, LAB_INVENTORY, [RESTORE_VARS])
+    proc = start_playbook(way_back.RESTORE_PLAYBOOK, LAB_INVENTORY, [RESTORE_VARS])
     try:
         seen = banners_until(proc, lambda banners: task_of(banners[-1]) == LAUNCH_TASK, timeout=KILL_BOUND_S)
     finally:
@@ -113,33 +98,31 @@ def test_controller_killed_before_the_launch_then_a_plain_rerun_finishes_the_way
     # the kill landed after the GPUs were proven free (the play goes on past that task only when it passed)...
     assert FREE_TASK in names, names
     # ...and before any launch: no window, no trainer process, every fake GPU at its baseline
-    assert "train" not in windows(status), windows(status)
+    assert "train" not in way_back.windows(status), way_back.windows(status)
     assert not trainer_pids(status)
-    assert held_gpus(status) == []
+    assert way_back.held_gpus(status) == []
     if serving:
         assert active(status, SERVING) == "inactive", active(status, SERVING)
-    assert read_record(status) == record
+    assert way_back.read_record(status) == record
     # the run lock: held by the dead run
     holder = read_lock(status)
     assert holder is not None and int(holder.get("controller_pid") or 0) == proc.pid, holder
     assert not controller_running(holder), holder
 
     t1 = time.monotonic()
-    run = restore(extra=RESTORE_VARS)
+    run = way_back.restore(extra=RESTORE_VARS)
     rerun_s = time.monotonic() - t1
     figures.note("restore controller kill: the re-run (s)", round(rerun_s, 1))
     assert run.rc == 0, run.output[-6000:]
     figures.wait("restore re-run after the controller was killed before the launch", rerun_s, RERUN_BOUND_S)
-    shown = pane(status)
-    assert first_step(shown) == ckpt["step"] + 1, shown
-    assert held_gpus(status) == ALL_GPUS
-    assert "training again in tmux session dflash" in summary_lines(run.output)
+    way_back.trains_from(status, ckpt)
+    assert "training again in tmux session dflash" in way_back.summary_lines(run.output)
     assert lock_holder(status) is None
 
-    again = restore(extra=RESTORE_VARS)
+    again = way_back.restore(extra=RESTORE_VARS)
     assert again.rc == 0 and again.recap()["changed"] == 0, again.output[-4000:]
-    assert "already trains" in summary_lines(again.output)
-    assert held_gpus(status) == ALL_GPUS
+    assert "already trains" in way_back.summary_lines(again.output)
+    assert way_back.held_gpus(status) == way_back.ALL_GPUS
     # the dead run's lock was taken over (the re-run went on, and left the lock free): its output says so
     assert STALE_LOCK_TAKEN in " ".join(run.output.split()), run.output[-6000:]
     figures.survived(FAULT)

@@ -36,15 +36,15 @@ from tests.support.restore import (
     RECORD,
     STUBBORN_STOP,
     TRAINER_DATA,
-    first_step,
     fresh_job,
     gpus_free_after,
     held_gpus,
-    pane,
     read_record,
     restore,
     stopped_with_record,
     summary_lines,
+    trains_from,
+    windows,
 )
 from tests.support.ssh import attach
 from tests.support.stop_training import REPURPOSE_PLAYBOOK
@@ -56,11 +56,6 @@ def repurpose(*extra: dict, timeout: float = 1200):
     done = run_playbook(REPURPOSE_PLAYBOOK, LAB_INVENTORY, [STUBBORN_STOP, *extra], timeout=timeout)
     assert done.rc == 0, done.output[-6000:]
     return done
-
-
-def windows(status: dict) -> list:
-    """The window names of tmux session dflash in CT200."""
-    return attach(status, "tmux", "list-windows", "-t", "=dflash", "-F", "#{window_name}", check=False).stdout.split()
 
 
 def report_time(status: dict) -> float:
@@ -102,11 +97,9 @@ def test_the_node_s_whole_life_train_repurpose_generate_release_restore(lab):
 
     run = restore()
     assert run.rc == 0, run.output[-6000:]
-    shown = pane(status)
+    shown = trains_from(status, ckpt)
     assert "[rank 0] data %s" % MERGED in shown, shown
     assert "resumed from %s at step %d" % (ckpt["path"], ckpt["step"] + 1) in shown, shown
-    assert first_step(shown) == ckpt["step"] + 1
-    assert held_gpus(status) == ALL_GPUS
     summary = summary_lines(run.output)
     assert "training again in tmux session dflash" in summary and ckpt["path"] in summary and MERGED in summary
 
@@ -179,5 +172,4 @@ def test_bad_input_is_caught_before_anything_moves_and_a_dead_start_frees_the_gp
 
     good = restore(extra=data)
     assert good.rc == 0, good.output[-6000:]
-    assert held_gpus(status) == ALL_GPUS
-    assert first_step(pane(status)) == record["checkpoint"]["step"] + 1
+    trains_from(status, record["checkpoint"])

@@ -20,7 +20,7 @@ from tests.support.stop_training import FAST, REPURPOSE_PLAYBOOK
 
 RESTORE_PLAYBOOK = ROOT / "playbooks" / "restore_training.yml"
 CKPT_DIR = "/root/dflash/checkpoints"
-TRAINER_DATA = "/root/dflash/data/train-v1.jsonl"  # the lab trainer's --data (tests/lab/lab.py TRAINER_DATA)
+TRAINER_DATA = "/root/dflash/data/train-v1.jsonl"  # the lab trainer's --data (tests/lab/labctl/facts.py)
 ALL_GPUS = [str(i) for i in range(8)]
 RECORD = "/var/lib/gpuops/launch/dflash.json"
 MERGED = "/srv/datagen/work/merged"
@@ -71,6 +71,20 @@ def pane(status: dict, window: str = "train", lines: int = 300) -> str:
 def first_step(text: str) -> Optional[int]:
     hit = re.search(r"^step (\d+)", text, re.M)
     return int(hit.group(1)) if hit else None
+
+
+def windows(status: dict) -> List[str]:
+    """The window names of tmux session dflash in CT200."""
+    return attach(status, "tmux", "list-windows", "-t", "=dflash", "-F", "#{window_name}", check=False).stdout.split()
+
+
+def trains_from(status: dict, checkpoint: dict) -> str:
+    """Assert that the restored job trains in CT200 from CHECKPOINT (a launch record's): its first step the one
+    after the checkpoint's, every fake GPU held. What its window shows."""
+    shown = pane(status)
+    assert first_step(shown) == checkpoint["step"] + 1, shown
+    assert held_gpus(status) == ALL_GPUS
+    return shown
 
 
 def gpus_free_after(status: dict, since: float, timeout: float) -> Tuple[bool, float]:
