@@ -11,7 +11,7 @@ scratch directory of CT200, through the lab inventory's ct200 (pct_ssh), and eac
 once so that what is measured is the no-op a re-run pays:
 
   per_file   one ansible.builtin.copy task per file, as the role did before (the baseline)
-  group      roles/sglang_datagen/tasks/put_files.yml: one sha1sum on the controller, one find on the node
+  group      gpuops.repurpose.put_files: sha1 sums read on the controller, one find on the node
 
 The contenders run interleaved round by round, their order swapped each round, so machine load hits both
 alike. Measured per run: the play's span from the JSON callback (the check alone, no ansible-playbook
@@ -64,8 +64,7 @@ def playbook(tmp: Path, name: str, group: List[dict]) -> Path:
     if name == "per_file":
         tasks = [{"name": "copy %s" % f["dest"], "ansible.builtin.copy": f} for f in group]
     else:
-        tasks = [{"ansible.builtin.include_role": {"name": "gpuops.repurpose.sglang_datagen", "tasks_from": "put_files"},
-                  "vars": {"sglang_datagen__put": group, "sglang_datagen__fresh": False}}]
+        tasks = [{"name": "put the group", "gpuops.repurpose.put_files": {"files": group}}]
     pre = [{"ansible.builtin.file": {"path": SCRATCH, "state": "directory", "mode": "0755"}}]
     play = [{"name": "bench %s" % name, "hosts": "ct200", "gather_facts": False, "pre_tasks": pre, "tasks": tasks}]
     path = tmp / ("%s.yml" % name)

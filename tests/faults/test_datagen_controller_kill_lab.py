@@ -224,7 +224,8 @@ def test_controller_killed_after_each_task_that_changes_the_node(lab, figures):
     figures.note("data half changed tasks", [f"{k + 1}: {task}" for k, task in points])
     # the reference makes every kind of change: the package, the config, the units, the workers, the pipeline
     for must in ("Copy the package archive", "Unpack the package", "Write the pipeline config",
-                 "Files | Write what differs", "Start the workers", "Start the pipeline"):
+                 "Write the systemd units and the workers' environment files", "Start the workers",
+                 "Start the pipeline"):
         assert any(must in task for _k, task in points), (must, points)
     failures: List[str] = []
     notes: Dict[str, str] = {}
