@@ -511,7 +511,7 @@ from ansible.plugins.connection import ConnectionBase
 from ansible.utils.display import Display
 from ansible.utils.hashing import secure_hash
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import command as _pct
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh, _pct_ssh_vars, _pct_ssh_worker
 
 display = Display()

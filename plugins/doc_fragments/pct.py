@@ -4,7 +4,7 @@
 
 # This doc fragment is PRIVATE to gpuops.repurpose; it may change at any time.
 # The options of every module that runs pct on the Proxmox VE host; their argument spec is
-# plugins/module_utils/_pct_host.py PCT_ARGUMENT_SPEC.
+# plugins/module_utils/_pct/host.py PCT_ARGUMENT_SPEC.
 
 from __future__ import annotations
 

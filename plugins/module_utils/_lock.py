@@ -10,7 +10,7 @@ time. Standard library only (it runs on targets, Python >= 3.9).
 Two kinds of lock are built from the same parts here:
 
 - a *held* lock (:func:`flock_within`): ``flock`` on an open file, dropped by the
-  kernel when the holding process dies, however it dies. ``_runlock`` uses it for
+  kernel when the holding process dies, however it dies. ``_stop.ladder_lock`` uses it for
   one ``training_stop`` ladder at a time;
 - a *lease* (:func:`acquire`, :func:`release`, :func:`read`): a JSON file naming the
   run that holds it, which outlives any one process, so a play can take it in one

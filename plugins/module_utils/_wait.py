@@ -47,7 +47,7 @@ class Deadline:
 @dataclass
 class WaitResult:
     free: bool
-    first: t.Any  # a sample: anything with ``at`` (wall clock) and ``took`` (seconds), like _gpu_model.Sample
+    first: t.Any  # a sample: anything with ``at`` (wall clock) and ``took`` (seconds), like _gpu.model.Sample
     last: t.Any
     samples: int
     elapsed: float

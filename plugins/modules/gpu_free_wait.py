@@ -285,9 +285,9 @@ history:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_free import wait_free
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import DEFAULT_DEVICE_PATHS
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.free import wait_free
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.holders import DEFAULT_DEVICE_PATHS
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.judge import DEFAULT_IGNORE_PROCESSES
 
 
 def main():

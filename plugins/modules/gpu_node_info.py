@@ -265,7 +265,7 @@ problems:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._node_info import read_node
+from ansible_collections.gpuops.repurpose.plugins.module_utils._node.info import read_node
 
 
 def main() -> None:

@@ -236,10 +236,10 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_exec import exec_in_container
 from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
-from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import DEFAULT_SHELL
-from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PCT_ARGUMENT_SPEC
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct.command import DEFAULT_SHELL
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct.ct_exec import exec_in_container
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct.host import PCT_ARGUMENT_SPEC
 
 
 def main() -> None:

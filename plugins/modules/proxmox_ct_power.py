@@ -170,9 +170,9 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._ct_power import OPERATIONS, power
 from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
-from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PCT_ARGUMENT_SPEC
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct.ct_power import OPERATIONS, power
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct.host import PCT_ARGUMENT_SPEC
 
 
 def main() -> None:

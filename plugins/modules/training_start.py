@@ -322,7 +322,7 @@ elapsed:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.start import (
     DEFAULT_GPU_DEVICES,
     DEFAULT_STEP_REGEX,
     start_training,

@@ -462,10 +462,10 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._exit import exit_module
-from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job import SELECTORS, stop_job
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.job import SELECTORS, stop_job
 
 # type raw: a signal is a name or a number, and a timeout given as a bool or a word gets the ladder's own error
-# (naming the rung and the fix) rather than being read as 1.0; _ladder.parse_ladder checks both
+# (naming the rung and the fix) rather than being read as 1.0; _stop.ladder.parse_ladder checks both
 RUNG_OPTIONS = dict(
     signal=dict(type="raw"),
     timeout=dict(type="raw"),

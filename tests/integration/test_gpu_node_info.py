@@ -8,7 +8,7 @@ import sys
 import pytest
 from fakegpu_harness import NVIDIA_SMI, FakeGpus
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._node_info import glibc_version, read_node
+from ansible_collections.gpuops.repurpose.plugins.module_utils._node.info import glibc_version, read_node
 
 PARAMS = {"nvidia_smi_path": NVIDIA_SMI, "timeout": 30, "cuda_major": None, "glibc": None, "python_path": None,
           "python_min": None, "python_max": None}

@@ -158,23 +158,27 @@ def test_if_needed_releases_unless_this_job_was_released_and_nothing_serves():
 # ---------------------------------------------------------------- what the role deploys
 
 def imported_module_utils(name: str) -> set:
-    """The module_utils NAME imports (``from PREFIX._x import ...`` and ``from PREFIX import _x``)."""
+    """The module_utils NAME imports, as paths below module_utils without ``.py`` (``_gpu/model``, ``_proc``)."""
     tree = ast.parse((MODULE_UTILS / f"{name}.py").read_text())
     out = set()
+
+    def add(parts: list) -> None:
+        out.add("/".join(parts))
+
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module.startswith(PREFIX + "."):
-                out.add(node.module[len(PREFIX) + 1:].split(".")[0])
-            elif node.module == PREFIX:
-                out.update(alias.name for alias in node.names)
+        if isinstance(node, ast.ImportFrom) and node.module and (node.module + ".").startswith(PREFIX + "."):
+            base = [part for part in node.module[len(PREFIX):].split(".") if part]
+            for alias in node.names:  # a module of a package, or a name of the module BASE
+                add(base + [alias.name] if (MODULE_UTILS.joinpath(*base, alias.name + ".py")).exists() else base)
         elif isinstance(node, ast.Import):
-            out.update(alias.name[len(PREFIX) + 1:].split(".")[0] for alias in node.names
-                       if alias.name.startswith(PREFIX + "."))
+            for alias in node.names:
+                if alias.name.startswith(PREFIX + "."):
+                    add(alias.name[len(PREFIX) + 1:].split("."))
     return out
 
 
 def test_the_role_deploys_exactly_the_import_closure_of_wait_free():
-    closure, todo = set(), ["_gpu_free"]
+    closure, todo = set(), ["_gpu/free"]
     while todo:
         name = todo.pop()
         if name not in closure:
@@ -188,8 +192,8 @@ def deploy_lib(base: Path) -> Path:
     lib = base / "lib"
     shutil.copytree(DATAGEN_FILES / "datagen", lib / "datagen", ignore=shutil.ignore_patterns("__pycache__"))
     dest = lib / "ansible_collections" / "gpuops" / "repurpose" / "plugins" / "module_utils"
-    dest.mkdir(parents=True)
     for name in DEPLOYED:
+        (dest / f"{name}.py").parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(MODULE_UTILS / f"{name}.py", dest / f"{name}.py")
     return lib
 
@@ -197,12 +201,12 @@ def deploy_lib(base: Path) -> Path:
 def test_the_deployed_module_utils_import_from_the_pipeline_path_alone(tmp_path):
     """No __init__.py anywhere: ansible_collections and below are implicit namespace packages."""
     lib = deploy_lib(tmp_path)
-    probe = ("import ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_free as m, datagen.release as r; "
+    probe = ("import ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.free as m, datagen.release as r; "
              "print(m.__file__); print(sorted(r.wait_params([0])))")
     done = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=str(lib)), cwd=str(tmp_path),
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0] == str(lib / "ansible_collections/gpuops/repurpose/plugins/module_utils/_gpu_free.py")
+    assert done.stdout.splitlines()[0] == str(lib / "ansible_collections/gpuops/repurpose/plugins/module_utils/_gpu/free.py")
 
 
 # ---------------------------------------------------------------- the real command

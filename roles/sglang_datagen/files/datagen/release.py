@@ -9,7 +9,7 @@ The pipeline unit runs it as its last ``ExecStartPost=``, right after the finish
    that a reboot does not bring the workers back onto the GPUs (the role enables it again when it serves a
    new job);
 2. prove the workers' GPUs free with ``gpu_free_wait``'s own runner: ``wait_free`` of the collection's
-   ``plugins/module_utils/_gpu_free.py``, with the params the module would get. The role deploys it and the
+   ``plugins/module_utils/_gpu/free.py``, with the params the module would get. The role deploys it and the
    module_utils it imports under ``HOME/lib/ansible_collections/gpuops/repurpose/plugins/module_utils/``, on
    the pipeline's PYTHONPATH (``ansible_collections`` is an implicit namespace package there);
 3. print one line for the journal, write ``WORK_DIR/released.json`` (atomically) and exit 1 when the GPUs are
@@ -64,8 +64,8 @@ def wait_params(gpus: Sequence[Any], timeout: float = DEFAULT_TIMEOUT_S, nvidia_
                 backend: str = "auto", device_paths: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """The options ``gpu_free_wait`` hands ``wait_free`` (its argument_spec, types applied), defaults but for
     the GPUs and the timeout (and, for tests, where nvidia-smi and the device files are)."""
-    from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import DEFAULT_DEVICE_PATHS
-    from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
+    from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.holders import DEFAULT_DEVICE_PATHS
+    from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.judge import DEFAULT_IGNORE_PROCESSES
 
     return {
         "gpus": [str(g) for g in gpus],
@@ -235,10 +235,10 @@ def prove_free(params: Callable[[], Dict[str, Any]], wait: Optional[WaitFree] = 
     try:
         options = params()
         if wait is None:
-            from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_free import wait_free as wait
+            from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.free import wait_free as wait
     except ImportError as exc:
         return {"free": False, "failed": True, "gpus": [], "holders": [],
-                "msg": "cannot import gpu_free_wait's runner (%s._gpu_free): %s; the role deploys it under "
+                "msg": "cannot import gpu_free_wait's runner (%s._gpu.free): %s; the role deploys it under "
                        "HOME/lib, the pipeline's PYTHONPATH" % (MODULE_UTILS, exc)}
     result = wait(options, check_mode=False, warn=warnings.append)
     result["warnings"] = warnings

@@ -10,15 +10,13 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import (
-    _gpu_free,
-    _gpu_holders,
-    _gpu_judge,
-    _nvidia_smi,
-    _nvidia_smi_backend,
-    _wait,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError, GpuInfo, GpuProcess, Sample
+from ansible_collections.gpuops.repurpose.plugins.module_utils import _wait
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import free as _gpu_free
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import holders as _gpu_holders
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import judge as _gpu_judge
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import nvidia_smi as _nvidia_smi
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import nvidia_smi_backend as _nvidia_smi_backend
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuError, GpuInfo, GpuProcess, Sample
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_process
 
 U0 = "GPU-72e5f72d-18ee-5e60-842e-9c4a48fc83cd"

@@ -11,7 +11,14 @@ import textwrap
 import pytest
 from trainer_harness import ZOMBIE_LEADER, read_stat, wait_for
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
+    describe_process,
+    files_open_for_writing,
+    parse_fdinfo_flags,
+    read_starttime,
+    stat_children,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.ladder import (
     LadderError,
     Rung,
     default_ladder,
@@ -20,19 +27,12 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
     parse_signal,
     run_ladder,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
-    describe_process,
-    files_open_for_writing,
-    parse_fdinfo_flags,
-    read_starttime,
-    stat_children,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._process_set import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.process_set import (
     ProcessSet,
     launcher_targets,
     pidfd_supported,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._save_watch import Grace, progress_scan
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.save_watch import Grace, progress_scan
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._node_needs import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._node.needs import (
     GB,
     binds_clash,
     disk_problem,

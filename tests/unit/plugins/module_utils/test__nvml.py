@@ -12,8 +12,8 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _nvml
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import nvml as _nvml
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import (
     BackendUnavailable,
     GpuError,
     GpuProcess,

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import command as _pct
 
 HOSTILE = [
     "",
@@ -330,7 +330,7 @@ FROZEN_FILES = {  # what each of freeze_state_files holds in a frozen container,
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["cgroup_v2", "hybrid_unified", "cgroup_v1"])
 def test_a_frozen_container_is_seen_by_the_module_reader_and_by_the_host_shell_guard(tmp_path, which):
-    from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct_host
+    from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import host as _pct_host
 
     path = _pct.freeze_state_files(200, str(tmp_path))[which]
     os.makedirs(os.path.dirname(path))

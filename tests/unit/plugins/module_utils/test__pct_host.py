@@ -1,4 +1,4 @@
-"""The result assembly shared by proxmox_ct_exec and proxmox_ct_power (``_pct_host``), on real commands run
+"""The result assembly shared by proxmox_ct_exec and proxmox_ct_power (``_pct.host``), on real commands run
 under the host-side ``timeout -s KILL`` bound. The modules themselves are run end to end in
 tests/unit/plugins/modules/test_pct_host_least_privilege.py and test_proxmox_ct_exec_options.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct_host
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import host as _pct_host
 
 
 class Host:

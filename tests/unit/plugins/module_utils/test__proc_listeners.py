@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._node_info import port_facts
+from ansible_collections.gpuops.repurpose.plugins.module_utils._node.info import port_facts
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     Listener,
     parse_systemd_unit,

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.ladder_lock import (
     RunLock,
     RunLockError,
     describe_holder,

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import files_open_for_writing
-from ansible_collections.gpuops.repurpose.plugins.module_utils._save_watch import STEP_SLACK, Grace, SaveWatch
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.save_watch import STEP_SLACK, Grace, SaveWatch
 
 
 def own_holds() -> set[tuple[int, int, int]]:

@@ -18,7 +18,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     read_stat,
     read_tpgid,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.select import (
     SelectError,
     broad_match_reason,
     closure,

@@ -8,9 +8,11 @@ import time
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _stop_job, _stop_job_report, _stop_job_scan
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import Member, Selection
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop import job as _stop_job
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop import report as _stop_job_report
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop import scan as _stop_job_scan
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.select import Member, Selection
 
 
 def member(pid, pgid, depth, how="child"):

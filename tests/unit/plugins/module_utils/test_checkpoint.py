@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _checkpoint_file
-from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint import file as _checkpoint_file
+from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint.newest import (
     CheckpointScan,
     Verdict,
     _Candidate,

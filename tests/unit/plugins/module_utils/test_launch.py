@@ -10,15 +10,24 @@ import re
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _launch, _launch_gpus
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import (
     GpuError,
     GpuInfo,
     GpuProcess,
     Holder,
     Sample,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch import gpus as _launch_gpus
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch import start as _launch
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.gpus import (
+    GpuTarget,
+    GpuWatch,
+    busy_holders,
+    gpus_held,
+    resolve_gpus,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.record import record_file_problem
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.start import (
     DEFAULT_STEP_REGEX,
     LaunchError,
     apply_overrides,
@@ -30,15 +39,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._launch import (
     record_min_step,
     version_problem,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_gpus import (
-    GpuTarget,
-    GpuWatch,
-    busy_holders,
-    gpus_held,
-    resolve_gpus,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import record_file_problem
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_watch import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.watch import (
     first_step_after,
     job_tree,
     last_output,

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.record import (
     RecordError,
     allowed_env,
     build_record,

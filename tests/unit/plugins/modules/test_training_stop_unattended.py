@@ -19,7 +19,10 @@ import subprocess
 import pytest
 from trainer_harness import MODULE, PYTHON, ROOT, Trainer, module_env, pids_with, read_stat, run_module
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import describe_previous, outcome_fields
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.ladder_lock import (
+    describe_previous,
+    outcome_fields,
+)
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.timeout(120)

@@ -4,8 +4,8 @@
 
 """What ``gpu_free_wait`` measures and finds: a GPU, a compute process, one sample, a holder.
 
-Shared by the nvidia-smi parsers (``_nvidia_smi``), the judgement (``_gpu_judge``), the
-holder scan (``_gpu_holders``) and the backends (``_nvidia_smi_backend``, ``_nvml``).
+Shared by the nvidia-smi parsers (``_gpu.nvidia_smi``), the judgement (``_gpu.judge``), the
+holder scan (``_gpu.holders``) and the backends (``_gpu.nvidia_smi_backend``, ``_gpu.nvml``).
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets).

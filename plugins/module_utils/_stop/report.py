@@ -6,7 +6,7 @@
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets). Pure functions (``user_name``
-reads the password database): the run (``_stop_job``) gathers the facts, these
+reads the password database): the run (``_stop.job``) gathers the facts, these
 turn them into the module's result.
 """
 
@@ -16,8 +16,8 @@ import math
 import pwd
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import describe_previous
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import Member, command_of
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.ladder_lock import describe_previous
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.select import Member, command_of
 
 SELECTORS = ("pids", "pid_file", "match", "tmux_session", "container")
 # one ladder at a time per container and selection: these options make the lock's key
@@ -96,7 +96,7 @@ def orphans_message(holders: t.Sequence[t.Mapping[str, t.Any]], params: t.Mappin
 
 
 def fill_outcome(result: dict[str, t.Any], outcome: t.Any, diff: bool) -> None:
-    """The climbed ladder's outcome (``_ladder.run_ladder``) into RESULT: rungs, stopper, survivors, diff."""
+    """The climbed ladder's outcome (``ladder.run_ladder``) into RESULT: rungs, stopper, survivors, diff."""
     result["changed"] = outcome.signalled
     result["rungs"] = [r.as_dict() for r in outcome.rungs]
     result["late_children"] = outcome.late_children

@@ -10,8 +10,8 @@ time. Standard library only (it runs on targets).
 
 Here: the job's command (:func:`apply_overrides`, :func:`env_values`), the one tmux command line that starts it
 (:func:`launch_plan`), and :func:`start_training`, the module's one call, which puts the parts together. Elsewhere:
-tmux itself (``_tmux``), the GPUs the job must hold (``_launch_gpus``), the wait until it proves it trains
-(``_launch_watch``) and the launch record (``_launch_record``). The command is always an argv handed to tmux,
+tmux itself (``_tmux``), the GPUs the job must hold (``_launch.gpus``), the wait until it proves it trains
+(``_launch.watch``) and the launch record (``_launch.record``). The command is always an argv handed to tmux,
 never a shell string: tmux (>= 2.0) runs a command given as several arguments without ``sh -c``.
 """
 
@@ -26,12 +26,12 @@ import time
 import typing as t
 from dataclasses import dataclass
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint import step_from_name
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_gpus import GpuWatch, busy_holders
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import RecordError, record_path
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import read_record as read_record_file
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_watch import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint.newest import step_from_name
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuError
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.gpus import GpuWatch, busy_holders
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.record import RecordError, record_path
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.record import read_record as read_record_file
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.watch import (
     TAIL_LINES,
     Watched,
     last_output,

@@ -7,8 +7,8 @@
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on the PVE host). :func:`power` takes the
 AnsibleModule (its params, check mode and ``run_command``) and returns the
-module's result; the command lines come from ``_pct``, the host side from
-``_pct_host``.
+module's result; the command lines come from ``_pct.command``, the host side from
+``_pct.host``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import platform
 import time
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct, _pct_host
-from ansible_collections.gpuops.repurpose.plugins.module_utils._pct_host import PctHost
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import command as _pct
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import host as _pct_host
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct.host import PctHost
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
 
 OPERATIONS = ("status", "start", "stop", "shutdown", "reboot")

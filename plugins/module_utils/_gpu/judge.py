@@ -14,7 +14,7 @@ import fnmatch
 import os
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GPU_UUID_RE, GpuError, GpuInfo, Sample
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GPU_UUID_RE, GpuError, GpuInfo, Sample
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import container_vmid_from_cgroup
 
 DEFAULT_IGNORE_PROCESSES = (

@@ -125,7 +125,7 @@ class RunLock:
 
 # A ladder that finishes while nobody is watching: it runs on when its connection dies
 # (shield_from_hangup), and its record says what it did (outcome_fields) for the next run to
-# report (describe_previous). _stop_job calls all three.
+# report (describe_previous). stop.job calls all three.
 
 MAX_RECORDED = 20  # processes named in a record (the count is always complete)
 

@@ -12,7 +12,7 @@ What is judged, cheapest first, never reading tensor data:
 
 * partial by name (``.tmp``, ``.partial``, ``.incomplete``, ``.tmp.``), empty, or
   modified less than ``settle`` seconds ago (a writer may still be appending);
-* a ``torch.save`` zip or a safetensors file by its framing (``_checkpoint_file``);
+* a ``torch.save`` zip or a safetensors file by its framing (``_checkpoint.file``);
 * a directory: torch DCP (``.metadata`` plus ``__<rank>_<n>.distcp`` shards), a Hugging
   Face ``save_pretrained`` directory (index ``weight_map`` or a single weights file),
   or any other directory of checkpoint files (DeepSpeed's ``global_step<N>``).
@@ -29,7 +29,7 @@ import time
 import typing as t
 from dataclasses import asdict, dataclass
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint_file import judge_file
+from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint.file import judge_file
 
 SETTLE = 2.0
 

@@ -16,13 +16,13 @@ import fcntl
 import os
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import classify_holders, scan_holders
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import allowed_env
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.holders import classify_holders, scan_holders
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.judge import DEFAULT_IGNORE_PROCESSES
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.record import allowed_env
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ancestors_of, read_environ, read_tpgid
-from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import RunLock
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import Member, Selection
-from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_report import user_name
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.ladder_lock import RunLock
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.report import user_name
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.select import Member, Selection
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
     Pane,
     last_step_line,

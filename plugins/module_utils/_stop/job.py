@@ -7,12 +7,12 @@
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets).
 
-:func:`stop_job` takes the run lock, snapshots the selection (``_select``),
-checks the GPU holders (``_gpu_holders``), climbs the ladder (``_ladder``,
-Ctrl-C through ``_tmux``), records its outcome (``_runlock``), judges the
-checkpoints (``_checkpoint``) and writes what a relaunch needs (``_launch_record``). What it reads
-about the job and the host is in ``_stop_job_scan``; the result's keys and every
-message it returns are built in ``_stop_job_report``. The module only parses
+:func:`stop_job` takes the run lock, snapshots the selection (``_stop.select``),
+checks the GPU holders (``_gpu.holders``), climbs the ladder (``_stop.ladder``,
+Ctrl-C through ``_tmux``), records its outcome (``_stop.ladder_lock``), judges the
+checkpoints (``_checkpoint.newest``) and writes what a relaunch needs (``_launch.record``). What it reads
+about the job and the host is in ``_stop.scan``; the result's keys and every
+message it returns are built in ``_stop.report``. The module only parses
 options and hands the result to ``exit_json``/``fail_json``.
 """
 
@@ -22,15 +22,8 @@ import os
 import time
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint import SETTLE, scan_checkpoints
-from ansible_collections.gpuops.repurpose.plugins.module_utils._ladder import (
-    LadderError,
-    Rung,
-    fit_to_torchrun,
-    parse_ladder,
-    run_ladder,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_record import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint.newest import SETTLE, scan_checkpoints
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.record import (
     build_record,
     record_path,
     write_record,
@@ -40,8 +33,14 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     read_environ,
     stat_children,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._process_set import ProcessSet
-from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.ladder import (
+    LadderError,
+    Rung,
+    fit_to_torchrun,
+    parse_ladder,
+    run_ladder,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.ladder_lock import (
     RunLock,
     RunLockError,
     describe_holder,
@@ -49,17 +48,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._runlock import (
     outcome_fields,
     shield_from_hangup,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._save_watch import Grace
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import (
-    Member,
-    SelectError,
-    Selection,
-    compile_regex,
-    late_children,
-    snapshot,
-    torchrun_shutdown_timeout,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_report import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.process_set import ProcessSet
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.report import (
     LOCK_KEY_OPTIONS,
     SELECTORS,
     check_numbers,
@@ -73,7 +63,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_report 
     selection_text,
     survivors_failure,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_scan import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.save_watch import Grace
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.scan import (
     gpu_holders,
     launch_facts,
     launchers_first,
@@ -81,6 +72,15 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._stop_job_scan im
     root_groups,
     step_line_now,
     tmux_launcher,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.select import (
+    Member,
+    SelectError,
+    Selection,
+    compile_regex,
+    late_children,
+    snapshot,
+    torchrun_shutdown_timeout,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
     last_step,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import (
     PID_LIMIT,
     BackendUnavailable,
     GpuError,
@@ -27,7 +27,7 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import
     GpuProcess,
     Sample,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._nvidia_smi_backend import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.nvidia_smi_backend import (
     NvidiaSmiBackend,
     Runner,
     resolve_nvidia_smi,

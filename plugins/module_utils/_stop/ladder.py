@@ -8,9 +8,9 @@ This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets, py>=3.9). It never touches
 AnsibleModule; bad input raises :class:`LadderError` naming the option.
 
-The processes are held by :mod:`._process_set` (pidfds, no reused PID is ever
+The processes are held by :mod:`.process_set` (pidfds, no reused PID is ever
 signalled); a rung's grace for a checkpoint save is judged by
-:mod:`._save_watch`.
+:mod:`.save_watch`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import signal
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._process_set import ProcessSet, launcher_targets
-from ansible_collections.gpuops.repurpose.plugins.module_utils._save_watch import NO_GRACE, Grace, SaveWatch
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.process_set import ProcessSet, launcher_targets
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.save_watch import NO_GRACE, Grace, SaveWatch
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
 
 UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)

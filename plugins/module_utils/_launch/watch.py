@@ -17,9 +17,9 @@ import time
 import typing as t
 from dataclasses import dataclass, field
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._launch_gpus import GpuWatch
+from ansible_collections.gpuops.repurpose.plugins.module_utils._launch.gpus import GpuWatch
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import ProcessInfo, read_table
-from ansible_collections.gpuops.repurpose.plugins.module_utils._select import closure
+from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.select import closure
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import Pane, Tmux, last_step
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
 

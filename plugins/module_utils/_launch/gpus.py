@@ -15,16 +15,16 @@ import os
 import typing as t
 from dataclasses import dataclass
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.holders import (
     backend_pids_are_ours,
     classify_holders,
     device_gpu_index,
     device_identities,
     scan_holders,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import DEFAULT_IGNORE_PROCESSES
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError, GpuInfo, GpuProcess, Holder
-from ansible_collections.gpuops.repurpose.plugins.module_utils._nvml import open_backend
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.judge import DEFAULT_IGNORE_PROCESSES
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuError, GpuInfo, GpuProcess, Holder
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.nvml import open_backend
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import Deadline
 
 

@@ -3,7 +3,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 
 """Running ``pct`` on the Proxmox VE host, shared by the proxmox_ct_exec and proxmox_ct_power runners
-(``_ct_exec``, ``_ct_power``): the become prefix, the bounded run, the result both return.
+(``_pct.ct_exec``, ``_pct.ct_power``): the become prefix, the bounded run, the result both return.
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on the PVE host).
@@ -12,7 +12,7 @@ Least privilege: the modules run as whatever user logged in. root runs pct as
 is; any other user runs it through ``sudo -n`` (``pct_become_method``), so the
 only rule a site grants is ``pveops ALL=(root) NOPASSWD: /usr/sbin/pct``, the
 same one the pct_ssh connection needs. The command lines come from the one
-builder in ``_pct``.
+builder in ``_pct.command``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pwd
 import time
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils import _pct
+from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import command as _pct
 
 STATUS_TIMEOUT = 60
 

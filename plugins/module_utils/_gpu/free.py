@@ -6,8 +6,8 @@
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets). :func:`wait_free` opens a
-backend (``_nvml``), samples until the judgement (``_gpu_judge``) says free
-or the wait (``_wait.Waiter``) ends, and names the holders (``_gpu_holders``).
+backend (``_gpu.nvml``), samples until the judgement (``_gpu.judge``) says free
+or the wait (``_wait.Waiter``) ends, and names the holders (``_gpu.holders``).
 Nothing here signals a process.
 """
 
@@ -16,21 +16,21 @@ from __future__ import annotations
 import os
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_holders import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.holders import (
     backend_pids_are_ours,
     classify_holders,
     merge_backend_processes,
     scan_holders,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.judge import (
     counted_mib,
     discounted_mib,
     judge,
     select_gpus,
     validate_options,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError, GpuInfo, Holder, Sample
-from ansible_collections.gpuops.repurpose.plugins.module_utils._nvml import open_backend
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuError, GpuInfo, Holder, Sample
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.nvml import open_backend
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_process
 from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import CheckModeWaiter, Waiter, WaitResult
 

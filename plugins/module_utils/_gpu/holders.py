@@ -17,8 +17,8 @@ import re
 import stat as stat_mod
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_judge import name_ignored
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuInfo, Holder, Sample
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.judge import name_ignored
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuInfo, Holder, Sample
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     container_vmid_from_cgroup,
     fd_links,

@@ -6,7 +6,7 @@
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
 time. Standard library only (it runs on targets). What the facts fail to meet
-is ``_node_needs``'s.
+is ``_node.needs``'s.
 """
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ import os
 import platform
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError
-from ansible_collections.gpuops.repurpose.plugins.module_utils._node_needs import (
-    disk_problem,
-    model_problems,
-    node_problems,
-    port_problems,
-)
-from ansible_collections.gpuops.repurpose.plugins.module_utils._nvidia_smi import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuError
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.nvidia_smi import (
     check_nvidia_smi,
     gpu_query_argv,
     parse_gpu_csv,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._nvidia_smi_backend import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.nvidia_smi_backend import (
     resolve_nvidia_smi,
     run_command,
+)
+from ansible_collections.gpuops.repurpose.plugins.module_utils._node.needs import (
+    disk_problem,
+    model_problems,
+    node_problems,
+    port_problems,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     read_process_light,

@@ -5,7 +5,7 @@
 """The ``nvidia-smi`` backend of ``gpu_free_wait``: finds and runs ``nvidia-smi`` (bounded), samples the GPUs.
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
-time. Standard library only (it runs on targets). The NVML backend and the choice between the two are in ``_nvml``.
+time. Standard library only (it runs on targets). The NVML backend and the choice between the two are in ``_gpu.nvml``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import subprocess
 import time
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import GpuError, GpuInfo, GpuProcess, Sample
-from ansible_collections.gpuops.repurpose.plugins.module_utils._nvidia_smi import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuError, GpuInfo, GpuProcess, Sample
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.nvidia_smi import (
     apps_query_argv,
     check_nvidia_smi,
     gpu_query_argv,

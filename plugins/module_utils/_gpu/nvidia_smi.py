@@ -5,12 +5,12 @@
 """Pure parsers of ``nvidia-smi`` CSV queries and exit codes: text in, GPUs and processes (or GpuError) out.
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
-time. Standard library only (it runs on targets). Nothing here runs a command (see ``_nvidia_smi_backend``).
+time. Standard library only (it runs on targets). Nothing here runs a command (see ``_gpu.nvidia_smi_backend``).
 """
 
 from __future__ import annotations
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu_model import (
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import (
     GPU_UUID_RE,
     GpuError,
     GpuInfo,
