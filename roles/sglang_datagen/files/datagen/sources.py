@@ -72,40 +72,37 @@ def _turn_list(value: Any) -> List[Any]:
     return value
 
 
+def _first(turn: Dict[str, Any], keys: Tuple[str, ...], default: Any) -> Any:
+    """The value of the first of KEYS that TURN has (``from`` before ``role``: a present key wins, even if null)."""
+    return next((turn[key] for key in keys if key in turn), default)
+
+
+def _turn(turn: Any, role_keys: Tuple[str, ...], content_keys: Tuple[str, ...], tools: bool) -> Dict[str, Any]:
+    """One checked turn, Unusable naming what is wrong. TOOLS (OpenAI messages): a tool call may have no content,
+    and what ties a tool result to its call is kept."""
+    if not isinstance(turn, dict):
+        raise Unusable("malformed_turn")
+    role = ROLE_MAP.get(str(_first(turn, role_keys, "")).lower())
+    content = _first(turn, content_keys, None)
+    if role is None:
+        raise Unusable("unknown_role")
+    if tools and content is None and turn.get("tool_calls"):
+        content = ""
+    if not isinstance(content, str):
+        raise Unusable("malformed_turn")
+    msg: Dict[str, Any] = {"role": role, "content": content}
+    for extra in ("tool_calls", "tool_call_id", "name") if tools else ():
+        if turn.get(extra):
+            msg[extra] = turn[extra]
+    return msg
+
+
 def _turns_from_sharegpt(conv: Any) -> Messages:
-    out: Messages = []
-    for turn in _turn_list(conv):
-        if not isinstance(turn, dict):
-            raise Unusable("malformed_turn")
-        role = ROLE_MAP.get(str(turn.get("from", turn.get("role", ""))).lower())
-        value = turn.get("value", turn.get("content"))
-        if role is None:
-            raise Unusable("unknown_role")
-        if not isinstance(value, str):
-            raise Unusable("malformed_turn")
-        out.append({"role": role, "content": value})
-    return out
+    return [_turn(turn, ("from", "role"), ("value", "content"), tools=False) for turn in _turn_list(conv)]
 
 
 def _turns_from_messages(msgs: Any) -> Messages:
-    out: Messages = []
-    for m in _turn_list(msgs):
-        if not isinstance(m, dict):
-            raise Unusable("malformed_turn")
-        role = ROLE_MAP.get(str(m.get("role", "")).lower())
-        content = m.get("content")
-        if role is None:
-            raise Unusable("unknown_role")
-        if content is None and m.get("tool_calls"):
-            content = ""
-        if not isinstance(content, str):
-            raise Unusable("malformed_turn")
-        msg: Dict[str, Any] = {"role": role, "content": content}
-        for extra in ("tool_calls", "tool_call_id", "name"):  # what ties a tool result to its call
-            if m.get(extra):
-                msg[extra] = m[extra]
-        out.append(msg)
-    return out
+    return [_turn(turn, ("role",), ("content",), tools=True) for turn in _turn_list(msgs)]
 
 
 def to_prompt(turns: Messages) -> Messages:

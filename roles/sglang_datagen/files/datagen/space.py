@@ -17,6 +17,7 @@ import os
 from typing import Any, Iterable, Optional
 
 from datagen import paths
+from datagen.gen.journal import count_lines
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _MARGIN = 1 << 20  # file system metadata, manifests, the progress file
@@ -46,14 +47,6 @@ def _sizes(files: Iterable[str]) -> int:
     return sum(_size(f) for f in files)
 
 
-def _lines(path: str) -> int:
-    try:
-        with open(path, "rb") as fh:
-            return sum(1 for line in fh if line.strip())
-    except OSError:
-        return 0
-
-
 def generate_needs(work_dir: str) -> int:
     """Bytes the rows still to generate take: the rows left times the mean written row so far.
 
@@ -62,7 +55,7 @@ def generate_needs(work_dir: str) -> int:
     """
     prompts = paths.in_work(work_dir, paths.PROMPTS)
     out = paths.in_work(work_dir, paths.GENERATED)
-    total, done = _lines(prompts), _lines(out)
+    total, done = count_lines(prompts), count_lines(out)
     if done:
         mean = _size(out) / done
     else:
