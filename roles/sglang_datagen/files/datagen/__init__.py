@@ -25,11 +25,12 @@ config in its manifest and skips when nothing changed; ``--force`` redoes it.
 Interface between the core (config, prepare, tokenize, merge, report, CLI) and the generation
 side (``datagen/generate.py``), fixed here:
 
-- Config top-level keys: ``work_dir``, ``model`` (str, or mapping with ``name``), ``tokenizer``,
+- Config top-level keys: ``work_dir``, ``model`` (str, or mapping with ``name``; unset: the first model the
+  servers list), ``tokenizer``,
   ``existing_dataset``, ``target_total``, ``target_mix``, ``sources``, ``servers`` (list of base URLs),
   ``sampling``, ``max_length``, ``seed``, ``generate`` (validated by generate.py), plus the core's
   optional ``prepare``, ``tokenize``, ``merge`` sections. :mod:`datagen.config` validates everything
-  but ``generate`` and the entries of ``sampling``.
+  but ``servers``, ``model``, ``sampling`` and ``generate``, which :mod:`datagen.gen.settings` judges.
 - ``datagen.generate`` exposes ``settings_from_config(raw: dict) -> GenerateSettings`` (raises
   :class:`datagen.config.ConfigError`), ``run_generate(settings, prompts_path, work_dir) -> dict``
   and ``read_status(work_dir) -> dict``; the CLI calls exactly these for ``generate`` and ``status``.

@@ -2,8 +2,8 @@
 
 Every problem found is reported at once, one line each, as ``key.path: what is wrong (how to fix)``,
 e.g. ``sources[2].path: file not found: /data/metamath.jsonl``. Relative paths are resolved
-against the directory of the config file. ``servers``, ``sampling`` and the ``generate`` section
-belong to the generate stage, and only its settings (``datagen.gen.settings``) judge them; they
+against the directory of the config file. ``servers``, ``model``, ``sampling`` and the ``generate``
+section belong to the generate stage, and only its settings (``datagen.gen.settings``) judge them; they
 pass through here untouched (``check-config`` runs both).
 See ``datagen.example.yml`` next to the package for a documented example.
 """
@@ -77,7 +77,6 @@ class MergeOptions:
 class Config:
     path: str
     work_dir: str
-    model: str
     tokenizer: Optional[str]
     existing: Optional[ExistingSpec]
     target_total: int
@@ -200,7 +199,7 @@ class _Checker:
 
 
 def _check_sources(c: _Checker, value: Any, mix: Dict[str, float]) -> List[SourceSpec]:
-    from datagen.sources import ADAPTERS
+    from datagen.adapters import ADAPTERS
 
     if not isinstance(value, list) or not value:
         c.err("sources", "must be a non-empty list of sources (name, adapter, path or hub)")
@@ -284,12 +283,6 @@ def validate(raw: Any, path: str = "<config>", check_inputs: bool = True) -> Con
         raise ConfigError(f"(top level): must be a mapping of keys, got {type(raw).__name__}")
     c.mapping("", raw, TOP_KEYS)
     work_dir = c.str_("work_dir", raw.get("work_dir"), required=True)
-    model = raw.get("model")
-    if isinstance(model, dict):
-        model = model.get("name")
-        if not isinstance(model, str) or not model:
-            c.err("model.name", "is required (the served model name)")
-    model = c.str_("model", model, required=True)
     tokenizer = c.str_("tokenizer", raw.get("tokenizer"))
     if tokenizer and (tokenizer.startswith((".", "/", "~")) or os.path.isabs(tokenizer)):
         tokenizer = c.path(tokenizer)
@@ -344,7 +337,7 @@ def validate(raw: Any, path: str = "<config>", check_inputs: bool = True) -> Con
         raise ConfigError(c.errors)
     return Config(
         path=os.path.abspath(path) if path != "<config>" else path,
-        work_dir=c.path(work_dir or "."), model=model or "", tokenizer=tokenizer, existing=existing,
+        work_dir=c.path(work_dir or "."), tokenizer=tokenizer, existing=existing,
         target_total=target_total or 0, target_mix=mix, sources=sources,
         max_length=max_length or 4096, seed=seed or 0, prepare=prepare, tokenize=tok, merge=merge, raw=raw,
     )

@@ -250,6 +250,13 @@ class Engine:
         if self._stop is not None:
             self._stop.set()
 
+    def _raise_if_fatal(self) -> None:
+        """GenerateError when the run must end failed: the first reason recorded, else a server that serves
+        another model than the configured one."""
+        reason = self.fatal or self._pool.mismatch
+        if reason:
+            raise GenerateError(reason)
+
     async def _serve(self, session: aiohttp.ClientSession, stop_wait: asyncio.Task) -> None:
         """Wait for the first ready server, run the workers to the end of the input or to a stop."""
         s = self.s
@@ -259,10 +266,7 @@ class Engine:
             await asyncio.wait([first, stop_wait], return_when=asyncio.FIRST_COMPLETED)
         finally:
             first.cancel()
-        if pool.mismatch and not self.fatal:
-            self.fatal = pool.mismatch
-        if self.fatal:
-            raise GenerateError(self.fatal)
+        self._raise_if_fatal()
         if self.stopping:
             self.progress.state = "stopped"
             return
@@ -301,8 +305,7 @@ class Engine:
             await asyncio.gather(*leftover, return_exceptions=True)
         if self._crash is not None:
             raise self._crash
-        if self.fatal or pool.mismatch:  # a server that became ready later may serve another model
-            raise GenerateError(self.fatal or pool.mismatch)
+        self._raise_if_fatal()  # again: a server that became ready later may serve another model
         self.progress.state = "stopped" if self.stopping else "finished"
 
     async def run(self) -> None:
