@@ -52,28 +52,6 @@ def prefix_for(uid: int, method: str) -> t.List[str]:
     return _pct.become_prefix("root" if uid == 0 else login_user(uid), method)
 
 
-def run(module: t.Any, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> t.Tuple[int, bytes, bytes, bool]:
-    """Run ARGV on the host under a host-side ``timeout -s KILL`` (it kills its whole process group).
-
-    Returns (rc, stdout, stderr, hung). Nothing is expanded:
-    ``expand_user_and_vars=False`` keeps ``~`` and ``$X`` in arguments literal.
-    """
-    limit = max(1, int(math.ceil(timeout)))
-    started = time.monotonic()
-    rc, out, err = module.run_command(
-        ["timeout", "-s", "KILL", "%ds" % limit] + argv,
-        data=stdin,
-        binary_data=True,
-        encoding=None,
-        expand_user_and_vars=False,
-        environ_update=dict(_pct.UTF8_CTYPE) if _pct.needs_utf8(argv) else None,
-    )
-    # GNU timeout sends the signal to its whole process group, itself included: SIGKILL ends it too, so
-    # run_command sees -9 (a shell would show 128+9)
-    hung = rc in (-9, 137) and time.monotonic() - started >= limit - 0.5
-    return rc, out, err, hung
-
-
 class Captured(t.NamedTuple):
     """What one bounded command on the host gave: the text it printed, how long it ran, whether it hung."""
 
@@ -89,13 +67,6 @@ class Captured(t.NamedTuple):
                     stderr_lines=self.stderr.splitlines(), elapsed=round(self.elapsed, 3))
 
 
-def run_captured(module: t.Any, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> Captured:
-    """:func:`run`, timed, with its output decoded (undecodable bytes replaced)."""
-    started = time.monotonic()
-    rc, out, err, hung = run(module, argv, stdin, timeout)
-    return Captured(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), time.monotonic() - started, hung)
-
-
 def base_result(**extra: t.Any) -> t.Dict[str, t.Any]:
     """The result of a pct module before anything ran (the keys it always returns)."""
     return dict(changed=False, stdout="", stderr="", stdout_lines=[], stderr_lines=[], cmd=[], ct_status="unknown",
@@ -105,23 +76,6 @@ def base_result(**extra: t.Any) -> t.Dict[str, t.Any]:
 def failed(result: t.Dict[str, t.Any], failure: PctHostFailure) -> t.Dict[str, t.Any]:
     """RESULT with what FAILURE adds, marked failed with its message."""
     return dict(result, **failure.result, failed=True, msg=failure.msg)
-
-
-def sudo_refused(stderr: str, pct_path: str, method: str) -> t.Optional[str]:
-    """The message for a become method that refused to run pct (or is not installed), or None when STDERR is
-    something else."""
-    kind = _pct.classify_failure(stderr)
-    if kind == _pct.FAIL_NO_BECOME:
-        return _pct.no_become_message(platform.node(), login_user(), method, pct_path)
-    if kind != _pct.FAIL_SUDO:
-        return None
-    user = login_user()
-    first = stderr.strip().splitlines()[0] if stderr.strip() else "no output"
-    return (
-        "host user %s may not run %s through %s without a password (%s). Add the rule `%s` "
-        "(for example in /etc/sudoers.d/pct), set pct_become_method, or log in as root"
-        % (user, pct_path, method, first, _pct.missing_rule_hint(user, method, pct_path))
-    )
 
 
 class CtState(t.NamedTuple):
@@ -178,10 +132,32 @@ class PctHost(t.NamedTuple):
         return _pct.exec_argv(vmid, argv, keep_env=keep_env, pct_path=self.path, prefix=self.prefix)
 
     def run(self, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> t.Tuple[int, bytes, bytes, bool]:
-        return run(self.module, argv, stdin, timeout)
+        """Run ARGV on the host under a host-side ``timeout -s KILL`` (it kills its whole process group).
+
+        Returns (rc, stdout, stderr, hung). Nothing is expanded:
+        ``expand_user_and_vars=False`` keeps ``~`` and ``$X`` in arguments literal.
+        """
+        limit = max(1, int(math.ceil(timeout)))
+        started = time.monotonic()
+        rc, out, err = self.module.run_command(
+            ["timeout", "-s", "KILL", "%ds" % limit] + argv,
+            data=stdin,
+            binary_data=True,
+            encoding=None,
+            expand_user_and_vars=False,
+            environ_update=dict(_pct.UTF8_CTYPE) if _pct.needs_utf8(argv) else None,
+        )
+        # GNU timeout sends the signal to its whole process group, itself included: SIGKILL ends it too, so
+        # run_command sees -9 (a shell would show 128+9)
+        hung = rc in (-9, 137) and time.monotonic() - started >= limit - 0.5
+        return rc, out, err, hung
 
     def run_captured(self, argv: t.List[str], stdin: t.Optional[bytes], timeout: float) -> Captured:
-        return run_captured(self.module, argv, stdin, timeout)
+        """:meth:`run`, timed, with its output decoded (undecodable bytes replaced)."""
+        started = time.monotonic()
+        rc, out, err, hung = self.run(argv, stdin, timeout)
+        return Captured(rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), time.monotonic() - started,
+                        hung)
 
     def check(self) -> None:
         """Fail early, with where to run, when there is no pct here."""
@@ -189,8 +165,20 @@ class PctHost(t.NamedTuple):
             raise PctHostFailure("%s not found: run this module on the Proxmox VE host (or set pct_path)" % self.path)
 
     def refused(self, stderr: str) -> t.Optional[str]:
-        """:func:`sudo_refused` for this host's pct and become method."""
-        return sudo_refused(stderr, self.path, self.method)
+        """The message for a become method that refused to run pct (or is not installed), or None when STDERR is
+        something else."""
+        kind = _pct.classify_failure(stderr)
+        if kind == _pct.FAIL_NO_BECOME:
+            return _pct.no_become_message(platform.node(), login_user(), self.method, self.path)
+        if kind != _pct.FAIL_SUDO:
+            return None
+        user = login_user()
+        first = stderr.strip().splitlines()[0] if stderr.strip() else "no output"
+        return (
+            "host user %s may not run %s through %s without a password (%s). Add the rule `%s` "
+            "(for example in /etc/sudoers.d/pct), set pct_become_method, or log in as root"
+            % (user, self.path, self.method, first, _pct.missing_rule_hint(user, self.method, self.path))
+        )
 
     def status(self, vmid: int) -> str:
         """``pct status VMID`` -> running/stopped/...; raise ``PctHostFailure`` naming what went wrong."""

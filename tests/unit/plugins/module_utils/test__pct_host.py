@@ -20,16 +20,19 @@ class Host:
         return done.returncode, done.stdout, done.stderr
 
 
+HOST = _pct_host.PctHost(Host(), "/usr/sbin/pct", [], "sudo")
+
+
 def test_pct_runs_under_a_utf8_ctype_only_for_non_ascii_arguments():
     script = 'printf "%s|" "$1" "${LC_CTYPE-unset}"'
-    ascii_run = _pct_host.run_captured(Host(), ["env", "-u", "LC_CTYPE", "sh", "-c", script, "sh", "cafe"], None, 10)
+    ascii_run = HOST.run_captured(["env", "-u", "LC_CTYPE", "sh", "-c", script, "sh", "cafe"], None, 10)
     assert ascii_run.stdout == "cafe|unset|"
-    text = _pct_host.run_captured(Host(), ["sh", "-c", script, "sh", "caf\u00e9"], None, 10)
+    text = HOST.run_captured(["sh", "-c", script, "sh", "caf\u00e9"], None, 10)
     assert text.stdout == "caf\u00e9|C.UTF-8|"
 
 
 def test_captured_output_becomes_the_result_keys_both_modules_return():
-    ran = _pct_host.run_captured(Host(), ["sh", "-c", "printf 'a\\nb\\n'; printf 'oops \\377\\n' >&2; exit 3"], None, 10)
+    ran = HOST.run_captured(["sh", "-c", "printf 'a\\nb\\n'; printf 'oops \\377\\n' >&2; exit 3"], None, 10)
     assert (ran.rc, ran.hung) == (3, False)
     result = ran.as_result()
     assert result["changed"] is True and result["rc"] == 3
@@ -39,12 +42,12 @@ def test_captured_output_becomes_the_result_keys_both_modules_return():
 
 
 def test_a_command_past_its_bound_is_killed_and_reported_hung():
-    ran = _pct_host.run_captured(Host(), ["sleep", "30"], None, 1)
+    ran = HOST.run_captured(["sleep", "30"], None, 1)
     assert ran.hung and ran.elapsed < 10, ran
 
 
 def test_stdin_reaches_the_command():
-    assert _pct_host.run_captured(Host(), ["cat"], b"fed\n", 10).stdout == "fed\n"
+    assert HOST.run_captured(["cat"], b"fed\n", 10).stdout == "fed\n"
 
 
 def test_failed_keeps_the_result_and_adds_what_the_failure_knows():
