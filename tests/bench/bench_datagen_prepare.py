@@ -95,7 +95,8 @@ print(json.dumps({{"rows": read, "written": res["written"], "wall_s": wall,
 CHILD_BASELINE = r"""
 import json, random, sys, time, resource
 from datagen.config import load_config
-from datagen.sources import Unusable, adapt, iter_source, to_prompt
+from datagen.prompts import Unusable, to_prompt
+from datagen.sources import adapt, iter_source
 from datagen.existing import iter_existing
 from datagen.util import canonical_prompt
 cfg = load_config({cfg!r})

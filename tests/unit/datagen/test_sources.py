@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+from types import ModuleType
 
 import pytest
 
+from datagen.adapters import ADAPTERS, Adapter, adapters_of
+from datagen.adapters.infinity_instruct import infinity_category
 from datagen.config import SourceSpec
-from datagen.sources import ADAPTERS, Unusable, adapt, infinity_category, iter_file, normalise_tools
+from datagen.prompts import Unusable, normalise_tools
+from datagen.sources import adapt, iter_file
 from tests.support import datagen_rows as fx
+from tests.support.paths import DATAGEN_FILES
+
+ADAPTER_DIR = DATAGEN_FILES / "datagen" / "adapters"
 
 
 def spec(adapter, **kw):
@@ -166,3 +173,25 @@ def test_messages_adapter_keeps_tool_links():
     assert msgs[1]["tool_calls"][0]["id"] == "c1" and msgs[1]["content"] == ""
     assert msgs[2] == {"role": "tool", "content": "{\"t\": 1}", "tool_call_id": "c1", "name": "get_weather"}
     assert tools == [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_every_adapter_file_is_an_adapter_of_its_name():
+    modules = sorted(p.stem for p in ADAPTER_DIR.glob("*.py") if not p.name.startswith("_"))
+    assert list(ADAPTERS) == modules
+    for name, adapter in ADAPTERS.items():
+        assert adapter.name == name
+        assert adapter.needs_category or adapter.hub_repo, f"{name}: a dataset adapter names its Hub repo"
+
+
+def _module(name, **attrs):
+    module = ModuleType(f"datagen.adapters.{name}")
+    module.__dict__.update(attrs)
+    return module
+
+
+def test_a_misnamed_or_missing_adapter_stops_the_import():
+    with pytest.raises(ImportError, match=r"ADAPTER is named 'alpacca'.*\('alpaca'\)"):
+        adapters_of([_module("alpaca", ADAPTER=Adapter("alpacca", ADAPTERS["sharegpt"].fn, None))])
+    with pytest.raises(ImportError, match="datagen.adapters.alpaca must define ADAPTER"):
+        adapters_of([_module("alpaca")])
+    assert adapters_of([_module("sharegpt", ADAPTER=ADAPTERS["sharegpt"])]) == {"sharegpt": ADAPTERS["sharegpt"]}

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, Iterator, Optional, Set, Tuple
 
-from datagen.sources import Unusable, _turns_from_messages, _turns_from_sharegpt, iter_file
+from datagen.prompts import Unusable, turns_from_messages, turns_from_sharegpt
+from datagen.sources import iter_file
 from datagen.util import DatagenError
 
 _CODE = re.compile(
@@ -43,8 +44,8 @@ def row_messages(row: Dict[str, Any], field: Optional[str]) -> Optional[list]:
             try:
                 if name == "conversations" or (isinstance(value, list) and value and isinstance(value[0], dict)
                                                and "from" in value[0]):
-                    return _turns_from_sharegpt(value)
-                return _turns_from_messages(value)
+                    return turns_from_sharegpt(value)
+                return turns_from_messages(value)
             except Unusable:
                 return None
     return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from datagen.sources import ADAPTERS
+from datagen.adapters import ADAPTERS
 from datagen.util import did_you_mean
 
 Findings = Tuple[List[str], List[str]]  # (errors, warnings), each "key: message"

@@ -21,7 +21,8 @@ from datagen import __version__, paths, quota
 from datagen.config import ConfigError
 from datagen.existing import iter_existing
 from datagen.mix import mix_findings, source_categories
-from datagen.sources import Unusable, adapt, iter_source, to_prompt
+from datagen.prompts import Unusable, to_prompt
+from datagen.sources import adapt, iter_source
 from datagen.util import (
     AtomicWriter,
     DatagenError,
