@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
+import yaml
+
+from datagen.generate import settings_from_config
 from tests.support import datagen_rows as fx
 from tests.support.datagen_rows import run_cli as datagen
 
@@ -73,6 +77,7 @@ def test_check_config_without_inputs_lists_them_resolved_where_the_config_will_l
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["valid"] is True and out["inputs_checked"] is False
+    assert out["max_in_flight"] == settings_from_config(yaml.safe_load(Path(cfg).read_text())).max_in_flight > 0
     assert out["inputs"] == [
         {"key": "sources[0].path", "path": "/opt/datagen/sources/a.jsonl"},
         {"key": "sources[1].path[0]", "path": "/data/b1.jsonl"},

@@ -25,6 +25,17 @@ def cfg(**over):
     return raw
 
 
+@pytest.mark.parametrize("generate, servers, in_flight", [
+    ({"concurrency": 16}, ["http://127.0.0.1:30000"], 16),  # fixed: per server
+    ({"concurrency": 4}, ["http://127.0.0.1:30000", "http://127.0.0.1:30001"], 8),
+    ({}, ["http://127.0.0.1:30000"], 1024),  # auto: concurrency_max's default, one worker
+    ({"concurrency_max": 64, "workers": ["http://127.0.0.1:%d" % p for p in (30001, 30002, 30003)]},
+     ["http://127.0.0.1:30000"], 192),  # auto behind a router: concurrency_max per worker
+])
+def test_max_in_flight_follows_the_concurrency_the_run_uses(generate, servers, in_flight):
+    assert settings_from_config(cfg(generate=generate, servers=servers)).max_in_flight == in_flight
+
+
 def test_defaults_send_thinking_explicitly():
     s = settings_from_config(cfg())
     assert s.servers == ("http://127.0.0.1:30000",)

@@ -148,7 +148,7 @@ def check_config(config_path: str, check_inputs: bool = True, base_dir: Optional
     from datagen.gen.settings import settings_from_config
 
     try:
-        settings_from_config(raw)
+        max_in_flight = settings_from_config(raw).max_in_flight
     except ConfigError as exc:
         errors += [line for line in exc.errors if line not in errors]
     if errors:
@@ -159,6 +159,7 @@ def check_config(config_path: str, check_inputs: bool = True, base_dir: Optional
         "valid": True,
         "inputs_checked": check_inputs,
         "inputs": [{"key": key, "path": path} for key, path in declared_inputs(raw, base)],
+        "max_in_flight": max_in_flight,
     }
 
 

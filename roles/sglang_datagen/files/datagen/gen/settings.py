@@ -120,6 +120,13 @@ class GenerateSettings:
     def adaptive(self) -> bool:
         return self.concurrency is None
 
+    @property
+    def max_in_flight(self) -> int:
+        """The most requests the run keeps in flight: a fixed ``concurrency`` per server, or auto's
+        ``concurrency_max`` per worker, each worker behind a router counted."""
+        per_server = self.concurrency_max * max(len(self.workers), 1) if self.adaptive else self.concurrency
+        return per_server * len(self.servers)
+
     def template_kwargs(self) -> Dict[str, Any]:
         """``chat_template_kwargs`` as sent (:func:`chat_template_kwargs`)."""
         return chat_template_kwargs(self.chat_template_kwargs, self.thinking, self.thinking_switch)
