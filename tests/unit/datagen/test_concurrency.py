@@ -135,4 +135,4 @@ def test_bounds_and_start():
 ])
 def test_policy_refuses_nonsense(kwargs):
     with pytest.raises(ValueError):
-        LimitPolicy(**kwargs)
+        LimitPolicy(**dict({"queue_target": 8, "minimum": 8, "maximum": 1024}, **kwargs))

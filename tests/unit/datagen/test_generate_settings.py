@@ -28,7 +28,7 @@ def cfg(**over):
 @pytest.mark.parametrize("generate, servers, in_flight", [
     ({"concurrency": 16}, ["http://127.0.0.1:30000"], 16),  # fixed: per server
     ({"concurrency": 4}, ["http://127.0.0.1:30000", "http://127.0.0.1:30001"], 8),
-    ({}, ["http://127.0.0.1:30000"], 1024),  # auto: concurrency_max's default, one worker
+    ({"concurrency_max": 100}, ["http://127.0.0.1:30000"], 100),  # auto: concurrency_max, one worker
     ({"concurrency_max": 64, "workers": ["http://127.0.0.1:%d" % p for p in (30001, 30002, 30003)]},
      ["http://127.0.0.1:30000"], 192),  # auto behind a router: concurrency_max per worker
 ])

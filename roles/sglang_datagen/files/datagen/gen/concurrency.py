@@ -69,12 +69,13 @@ class WorkerLoad:
 
 @dataclass(frozen=True)
 class LimitPolicy:
-    """The controller's settings, per worker."""
+    """The controller's settings, per worker. The first three come from the run's settings
+    (generate.queue_target, concurrency_min, concurrency_max), whose defaults are the only ones."""
 
-    queue_target: int = 8  # requests waiting per worker: enough to refill a batch at once, no more
+    queue_target: int  # requests waiting per worker: enough to refill a batch at once, no more
+    minimum: int
+    maximum: int
     queue_share: float = 0.125  # ... or this share of its running batch, when more
-    minimum: int = 8
-    maximum: int = 1024
     growth: float = 2.0  # factor while every queue is empty
     full_usage: float = 0.95  # token usage at which a worker's KV cache, not the client, bounds its batch
 
