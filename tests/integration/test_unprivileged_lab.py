@@ -186,7 +186,7 @@ def test_whole_playbook_against_the_unprivileged_ct200(unprivileged):
     assert_stopped_cleanly(unprivileged, summary(results), decoys)
 
     # the data half: every file it put is the container's, and the pipeline finishes
-    for path in ("/opt/datagen/datagen.yml", "/opt/datagen/ready_gate.py"):
+    for path in ("/opt/datagen/datagen.yml", "/opt/datagen/serve_keyed.py"):
         st = os.stat(host_path(unprivileged, path))
         assert st.st_uid >= HOST_ROOT, (path, st.st_uid)
     wait_pipeline_finished(unprivileged, 300)

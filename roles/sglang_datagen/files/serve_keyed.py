@@ -36,11 +36,16 @@ import subprocess
 import sys
 from typing import IO, List, Optional, Sequence
 
-from ready_gate import read_api_key
-
 REDACTED = b"<redacted>"
 ROUTER_MODULE = ["-m", "sglang_router.launch_router"]
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def read_api_key(path: str) -> str:
+    """The key in the role's ``api-key.env`` (``NAME=KEY``), or in a file that holds only the key."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read().strip()
+    return text.split("=", 1)[1].strip() if text and "=" in text.splitlines()[0] else text
 
 
 def redact(line: bytes, key: bytes) -> bytes:

@@ -12,10 +12,10 @@ import sys
 from typing import Any, Dict, List
 
 import pytest
-import ready_gate
 import yaml
 from harness import RouterProcess, StandinProcess
 
+from ansible_collections.gpuops.repurpose.plugins.module_utils._datagen import ready
 from datagen.gen.fleet import parse_router_workers
 from tests.support.net import http
 from tests.support.paths import DATAGEN_FILES
@@ -137,8 +137,8 @@ def test_router_restart_drops_a_slow_worker_and_the_run_waits_until_it_is_regist
             err = _finish(proc)
             _assert_every_worker_serves_and_every_id_once(tmp_path, router, urls, n)
             # the role's gate and the watch read the router's list alike
-            assert ready_gate.router_workers(router.url, 5) == \
-                parse_router_workers(http(router.url + "/workers").text.encode())
+            assert ready.parse_router_workers(*ready.urllib_http(ready.bearer_headers(""))(
+                "GET", router.url + "/workers", None, 5)) == parse_router_workers(http(router.url + "/workers").text.encode())
     finally:
         for w in ws:
             w.stop()

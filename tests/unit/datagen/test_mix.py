@@ -1,11 +1,10 @@
-"""target_mix against what a run can supply (datagen.mix): the rule, the labels read where the existing set lives
-(the role's files/existing_labels.py, run as a real process), check-mix, and prepare refusing a typo."""
+"""target_mix against what a run can supply (datagen.mix): the rule, check-mix on the labels read where the existing
+set lives (the dataset_labels_info module's reading is tested with the collection's module_utils), and prepare
+refusing a typo."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -15,9 +14,6 @@ from datagen.existing import categories_from_labels
 from datagen.mix import mix_findings, source_categories
 from datagen.prepare import run_prepare
 from tests.support import datagen_rows as fx
-from tests.support.paths import DATAGEN_FILES
-
-LABELS = DATAGEN_FILES / "existing_labels.py"
 
 
 def test_source_categories_come_from_the_config_the_adapter_or_its_per_row_choice(tmp_path):
@@ -49,25 +45,6 @@ def test_labels_map_through_category_map_and_unlabelled_rows_get_the_default_or_
     assert categories_from_labels(spec, ["code"], unlabelled=True) == {"coding", "math", "general"}
     spec.default_category = "general"
     assert categories_from_labels(spec, [], unlabelled=True) == {"general"}
-
-
-def read_labels(*args: str) -> dict:
-    done = subprocess.run([sys.executable, str(LABELS), *args], capture_output=True, text=True, timeout=60, check=True)
-    return json.loads(done.stdout)
-
-
-def test_the_node_side_reader_gives_distinct_values_from_jsonl_json_parquet_and_a_directory(tmp_path):
-    fx.write_jsonl(tmp_path / "d" / "a.jsonl", [{"category": "coding"}, {"category": "math"}, {"other": 1}])
-    (tmp_path / "d" / "b.json").write_text(json.dumps([{"category": "coding"}, {"category": "science"}]))
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.table({"category": ["agent", None]}), str(tmp_path / "d" / "c.parquet"))
-    assert read_labels("--path", str(tmp_path / "d"), "--field", "category") == {
-        "read": True, "values": ["agent", "coding", "math", "science"], "unlabelled": True}
-    assert read_labels("--path", str(tmp_path / "d" / "a.jsonl"), "--field", "category")["values"] == ["coding",
-                                                                                                       "math"]
-    assert read_labels("--path", str(tmp_path / "nothing-*.jsonl"), "--field", "category")["read"] is False
 
 
 def one_source(tmp_path) -> list:

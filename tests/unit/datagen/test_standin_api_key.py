@@ -1,21 +1,15 @@
 """``--api-key`` on the stand-in workers (as SGLang 0.5.23's ``srt/utils/auth.py`` decides it), on the REAL
-sglang-router 0.3.2 (its clients need the key, and it sends the key to the workers), and the role's readiness
-gate with ``--api-key-file``: what a multi-node generation job relies on (roles/sglang_datagen README
-"One job, many nodes")."""
+sglang-router 0.3.2 (its clients need the key, and it sends the key to the workers): what a multi-node generation
+job relies on (roles/sglang_datagen README "One job, many nodes"). The readiness gate with the key is tested with
+the collection's module_utils (test__datagen_ready.py)."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 from harness import RouterProcess, StandinProcess
 from standin import auth_allowed
 
 from tests.support.net import http
-from tests.support.paths import DATAGEN_FILES
 
-GATE = str(DATAGEN_FILES / "ready_gate.py")
 KEY = "k3y-" + "x" * 40
 CHAT = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
@@ -57,19 +51,3 @@ def test_real_router_requires_the_key_from_clients_and_sends_it_to_the_workers()
             assert w1.metrics()["standin_unauthorized_total"] + w2.metrics()["standin_unauthorized_total"] == 0
             log = router._read_log()
         assert KEY not in log
-
-
-def test_gate_sends_the_key_from_its_file(tmp_path):
-    env_file = tmp_path / "api-key.env"
-    env_file.write_text(f"SGLANG_DATAGEN_API_KEY={KEY}\n")
-    with StandinProcess(["--api-key", KEY]) as worker:
-        with RouterProcess([worker.url], api_key=KEY) as router:
-            base = [sys.executable, GATE, "--timeout", "3", "--delay", "1", "--router", router.url,
-                    "--worker", worker.url]
-            without = subprocess.run(base, capture_output=True, text=True, timeout=60, check=False)
-            assert without.returncode == 1, without.stdout  # the router's worker list needs the key
-            keyed = subprocess.run(base + ["--api-key-file", str(env_file)], capture_output=True, text=True,
-                                   timeout=60, check=False)
-            assert keyed.returncode == 0, keyed.stdout + keyed.stderr
-            assert json.loads(keyed.stdout)["ready"] is True
-            assert KEY not in keyed.stdout + keyed.stderr

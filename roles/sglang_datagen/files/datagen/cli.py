@@ -8,11 +8,6 @@ Exit status: 0 done (or skipped, unchanged), 2 bad config or arguments, 1 the st
 touches a host. While the stages run, ``pipeline.ready.json`` in the work directory says how far
 the pipeline got past its start-up (the role waits for it after launching the unit).
 
-``unapplied-units`` and ``pipeline-state`` take no config: the role asks them about its systemd
-units (the serving-unit changes a killed run wrote but never applied, :mod:`datagen.unapplied`;
-the pipeline unit's state and ``pipeline.ready.json`` while it waits for the start-up,
-:mod:`datagen.units`).
-
 ``release`` runs after the last stage (the pipeline unit's last ``ExecStartPost=``): it stops the
 serving units and proves the GPUs free (:mod:`datagen.release`); one line on stdout (``--json``: the
 outcome as JSON), exit 1 when the GPUs are not free. ``status`` adds ``pipeline``: finished for this
@@ -30,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from datagen import __version__, paths, release, space, unapplied, units
+from datagen import __version__, paths, release, space
 from datagen.config import ConfigError, declared_inputs, load_config, load_raw
 from datagen.existing import categories_from_labels
 from datagen.mix import mix_findings, source_categories
@@ -75,22 +70,8 @@ def _parser() -> argparse.ArgumentParser:
     mix_cmd = sub.add_parser("check-mix", help=mix_help)
     mix_cmd.add_argument("--config", "-c", required=True, help="path to datagen.yml")
     mix_cmd.add_argument("--existing-labels", help="the existing set's labels as read where it lives: JSON "
-                                                   "{read, values, unlabelled} (the role's files/existing_labels.py)")
-    unapplied_cmd = sub.add_parser("unapplied-units",
-                                   help="serving units whose changed files were never applied: "
-                                        "{reload: systemd holds a stale definition, restart: [units], "
-                                        "settled: [units already started and enabled]}")
-    unapplied_cmd.add_argument("--home", required=True, help="the role's home (workers/worker-N.env live under it)")
-    unapplied_cmd.add_argument("--workers", type=_indexes, default=[], metavar="N,N,...",
-                               help="the worker indexes of this node, comma separated (empty: none)")
-    unapplied_cmd.add_argument("--router", action="store_true", help="this node runs the router unit")
-    unapplied_cmd.add_argument("--api-key-file",
-                               help="the API key's environment file the units read, when they take one")
-    unapplied_cmd.add_argument("--unit-dir", default=unapplied.UNIT_DIR,
-                               help="where the unit files are (default %(default)s)")
-    state_cmd = sub.add_parser("pipeline-state",
-                               help="the pipeline unit's state and how far it got past its start-up: {unit: {...}, ready: {...}}")
-    state_cmd.add_argument("--work-dir", required=True, help="the pipeline's work_dir (where pipeline.ready.json is)")
+                                                   "{read, values, unlabelled} (the role reads them with the "
+                                                   "dataset_labels_info module)")
     rel = sub.add_parser("release", help="the pipeline finished: stop the serving units, prove the GPUs free "
                                          "(gpu_free_wait's runner), write released.json; exit 1 when not free")
     rel.add_argument("--config", "-c", required=True, help="path to datagen.yml")
@@ -123,13 +104,6 @@ def _command(text: str) -> List[str]:
     if not words:
         raise argparse.ArgumentTypeError("an empty command")
     return words
-
-
-def _indexes(text: str) -> List[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of worker indexes, e.g. 0,1") from None
 
 
 def check_config(config_path: str, check_inputs: bool = True, base_dir: Optional[str] = None) -> Dict[str, Any]:
@@ -256,11 +230,6 @@ def main(argv: Optional[List[str]] = None) -> int:
             result = check_config(args.config, not args.no_inputs, args.base_dir)
         elif args.stage == "check-mix":
             result = check_mix(args.config, args.existing_labels)
-        elif args.stage == "unapplied-units":
-            result = unapplied.find_unapplied(unapplied.watched_files(
-                args.home, args.workers, args.router, args.api_key_file, args.unit_dir))
-        elif args.stage == "pipeline-state":
-            result = units.pipeline_state(args.work_dir)
         elif args.stage == "release":
             return _release(args)
         else:

@@ -29,8 +29,8 @@ def labelled(tmp_path):
     ("one file", "d/b.json", "category", {"read": True, "values": ["coding", "science"], "unlabelled": True}),
     ("a glob", "d/*.jsonl", "category", {"read": True, "values": ["coding", "math"], "unlabelled": True}),
     ("no field: no labels", "d", "", {"read": True, "values": [], "unlabelled": True}),
-    ("a glob matching nothing", "d/nothing-*.jsonl", "category", {"read": False,
-                                                                   "reason": "no .jsonl/.json/.parquet file at {d}/nothing-*.jsonl"}),
+    ("a glob matching nothing", "d/nothing-*.jsonl", "category",
+     {"read": False, "reason": "no .jsonl/.json/.parquet file at {d}/nothing-*.jsonl"}),
 ])
 def test_read_labels(labelled, case, where, field, expected):
     path = str(labelled.parent / where)

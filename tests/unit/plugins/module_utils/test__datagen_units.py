@@ -17,6 +17,8 @@ from datagen import cli, paths
 from tests.support.module import run_module
 from tests.support.systemctl import install_fake_systemctl
 
+pytestmark = pytest.mark.processes
+
 ACTIVE = UnitState(need_daemon_reload=False, active=True, main_pid=4242)
 START = 1_700_000_000.0
 # /proc/PID/stat lines: comm may hold spaces and parentheses, so the fields count from its last ")"
@@ -278,7 +280,7 @@ def test_serving_units_asks_systemd_about_each_unit_of_the_layout(case, p, expec
     assert [unit for unit, _props in asked] == list(units.watched_files(p["home"], p["workers"], p["router"],
                                                                         p["api_key_file"], p["unit_dir"])), case
     assert all(props == units.SERVING_PROPERTIES for _unit, props in asked)
-    assert result == {"changed": False, "reload": False, "restart": [], "settled": [unit for unit, _ in asked]}
+    assert result == {"changed": False, "reload": False, "restart": [], "settled": [unit for unit, _props in asked]}
     assert set(expected) <= {f for files in units.watched_files(p["home"], p["workers"], p["router"],
                                                                 p["api_key_file"], p["unit_dir"]).values() for f in files}
 

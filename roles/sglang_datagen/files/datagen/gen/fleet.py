@@ -3,7 +3,7 @@
 sglang-router 0.3.2 drops a worker that is not healthy within ``--worker-startup-timeout-secs`` and never
 lists it again (``POST /workers {"url": ...}`` registers it again); after a restart it knows only the
 ``--worker-urls`` that passed that check; and its own ``/health_generate`` is 200 with one worker of eight.
-The role's readiness gate (``files/ready_gate.py``) repairs this before the pipeline starts; a reboot or a
+The role's readiness gate (the ``sglang_ready_wait`` module) repairs this before the pipeline starts; a reboot or a
 router restart later would leave the run on fewer GPUs, without a word. So while generate runs, every
 ``generate.workers_interval`` seconds one round reads the router's ``GET /workers`` and each configured
 worker's own ``/health_generate``, registers again a ready worker the router does not list (as the gate
@@ -42,8 +42,9 @@ Missing = Dict[str, str]  # worker URL -> why it does not serve
 def parse_router_workers(body: bytes) -> Optional[Dict[str, bool]]:
     """``{worker url: is_healthy}`` from a ``GET /workers`` body of sglang-router; None when it is not that list.
 
-    The same reading as ``router_workers`` in ``files/ready_gate.py`` (standard library, run before the package
-    is on the node's path); ``test_fleet_router`` checks that both read one real router alike.
+    The same reading as ``parse_router_workers`` of the collection's ``module_utils/_datagen/ready.py`` (the
+    readiness gate, run before the package is on the node's path); ``test_fleet_router`` checks that both read one
+    real router alike.
     """
     try:
         listed = json.loads(body)["workers"]
