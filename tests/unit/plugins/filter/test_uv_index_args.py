@@ -9,7 +9,9 @@ import sys
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.repurpose.plugins.filter.uv_index_args import uv_index_args
+from ansible_collections.gpuops.repurpose.plugins.filter.role_inputs import FilterModule
+
+uv_index_args = FilterModule().filters()["uv_index_args"]
 
 
 def pip_config_list(**env: str) -> str:

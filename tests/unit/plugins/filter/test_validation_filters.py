@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.repurpose.plugins.filter.regex_errors import regex_errors
-from ansible_collections.gpuops.repurpose.plugins.filter.unknown_variables import unknown_variables
+from ansible_collections.gpuops.repurpose.plugins.filter.role_inputs import FilterModule
 from tests.support.paths import ROOT
+
+FILTERS = FilterModule().filters()
+regex_errors = FILTERS["regex_errors"]
+unknown_variables = FILTERS["unknown_variables"]
 
 KNOWN = ["stop_training_tmux_session", "stop_training_match", "stop_training_exclude", "stop_training_vmid"]
 
