@@ -7,7 +7,7 @@
     .venv/bin/python -m tests.bench.bench_pct_ssh_get [--mib 200] [--rounds 3] [--json FILE] [--check]
 
 Contenders, run interleaved round by round so machine load hits both alike, over one SSH connection:
-  pct_ssh_get        DirectSession.get: its own pipelined reads, GET_DEPTH requests in flight
+  pct_ssh_get        DirectSession.get: its own SFTP reads on a channel of their own, GET_DEPTH in flight
   paramiko_getfo     paramiko's SFTPClient.getfo (prefetch of the whole file): the baseline pct_ssh's get
                      replaced, since a prefetch that ends early holds the rest of the file in memory
 

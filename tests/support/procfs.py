@@ -96,3 +96,12 @@ def cmdline_text(pid: int) -> str:
             return handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
     except OSError:
         return ""
+
+
+def exited(pid: int) -> bool:
+    """PID has exited: no such process, or one that is only a zombie (or dying) now."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True

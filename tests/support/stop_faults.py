@@ -105,7 +105,7 @@ def controller_tree(root: int) -> Dict[int, str]:
             argv = _argv(pid)
         except OSError:
             continue
-        if "_pct_ssh.py --serve" not in argv:
+        if "-m _pct_ssh --serve" not in argv:
             tree[pid] = argv
     return tree
 

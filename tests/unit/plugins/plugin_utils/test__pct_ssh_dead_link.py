@@ -22,7 +22,12 @@ import typing as t
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
-from tests.support.procfs import descendants, serving_processes
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils._pct_ssh import master as pct_ssh_master
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils._pct_ssh import wire
+from tests.support.procfs import descendants, exited, serving_processes
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.processes
 
 
 def settings(server, **kw) -> _pct_ssh.Settings:
@@ -41,23 +46,6 @@ FAST = dict(server_alive_interval=1, server_alive_count_max=2)
 def serving_sshd(sshd, client_pid: int) -> t.List[int]:
     """The fixture's sshd processes that hold the server end of CLIENT_PID's connection to it."""
     return serving_processes(client_pid, sshd.port, descendants(sshd.proc.pid))
-
-
-def exited(pid: int) -> bool:
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
-
-
-def wait_until(predicate: t.Callable[[], bool], bound: float) -> bool:
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 class Pending:
@@ -124,7 +112,7 @@ def test_control_master_fails_every_pending_request_and_exits(sshd, tmp_path, ho
             assert "may have run in part" in p.error.msg
             if how == "freeze":
                 assert "answered no keepalive" in p.error.msg and "server_alive_interval=1" in p.error.msg
-        assert wait_until(lambda: exited(master_pid), _pct_ssh.DEAD_DRAIN_S + SLACK_S), "the control master did not exit"
+        wait_for(lambda: exited(master_pid), _pct_ssh.DEAD_DRAIN_S + SLACK_S, "the control master to exit", interval=0.05)
         assert not os.path.exists(client.path)
         # the next task gets a fresh master with a fresh connection
         fresh = _pct_ssh.open_master(st, cp, persist=5, start_timeout=30)
@@ -211,7 +199,7 @@ def test_a_leaving_master_answers_a_worker_that_connected_before_it_left(sshd, t
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(path)
     srv.listen(4)
-    master = _pct_ssh._Master(session, path, persist=60)
+    master = pct_ssh_master.Master(session, path, persist=60)
     master.ino = os.stat(path).st_ino
     worker = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     worker.connect(path)  # in the listen queue, not yet accepted
@@ -219,9 +207,9 @@ def test_a_leaving_master_answers_a_worker_that_connected_before_it_left(sshd, t
     leaving.start()
     time.sleep(0.5)  # the master has accepted the worker and waits for it
     assert leaving.is_alive(), "the master left while a connected worker had no reply"
-    _pct_ssh._send(worker, {"op": "exec", "command": "true", "has_stdin": False, "timeout": 5, "pty": False})
+    wire.send(worker, {"op": "exec", "command": "true", "has_stdin": False, "timeout": 5, "pty": False})
     worker.settimeout(10)
-    reply, dummy_data = _pct_ssh._recv(worker)
+    reply, dummy_data = wire.recv(worker)
     assert reply["error"]["kind"] == "gone", reply  # nothing ran: safe for the worker to retry
     leaving.join(_pct_ssh.DEAD_DRAIN_S + SLACK_S)
     assert not leaving.is_alive()

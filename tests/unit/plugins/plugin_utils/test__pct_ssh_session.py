@@ -12,13 +12,16 @@ import hashlib
 import os
 import socket
 import stat
+import struct
 import threading
-import time
 import tracemalloc
 
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
+from ansible_collections.gpuops.repurpose.plugins.plugin_utils._pct_ssh import sftp_read
+
+pytestmark = pytest.mark.processes
 
 
 def settings(server, **kw) -> _pct_ssh.Settings:
@@ -124,24 +127,7 @@ def test_sftp_roundtrip_in_private_tmpdir(session, tmp_path):
     (17, [(0, 8), (8, 8), (16, 1)]),
 ])
 def test_read_requests_cover_the_file_in_order(size, reads):
-    assert list(_pct_ssh.read_requests(size, 8)) == reads
-
-
-def _starved_prefetch(monkeypatch):
-    """paramiko's prefetch thread sends 4 read requests, then loses the CPU for 0.3 s (a loaded machine),
-    then sends the rest: the reader answers those 4 meanwhile, and paramiko calls the prefetch done."""
-    import paramiko.sftp_file
-
-    original = paramiko.sftp_file.SFTPFile._prefetch_thread
-
-    def starved(self, chunks, max_concurrent_requests):
-        def paced():
-            for n, chunk in enumerate(chunks):
-                if n == 4:
-                    time.sleep(0.3)
-                yield chunk
-        return original(self, paced(), max_concurrent_requests)
-    monkeypatch.setattr(paramiko.sftp_file.SFTPFile, "_prefetch_thread", starved)
+    assert list(sftp_read.read_requests(size, 8)) == reads
 
 
 def _peak_mib(transfer) -> float:
@@ -154,28 +140,17 @@ def _peak_mib(transfer) -> float:
         tracemalloc.stop()
 
 
-def test_download_holds_its_requests_in_flight_when_paramiko_would_end_its_prefetch_early(session, tmp_path, monkeypatch):
+def test_download_holds_a_bounded_part_of_the_file_in_memory(session, tmp_path):
+    """Whatever the machine's load: paramiko's whole-file prefetch, which get replaced, could end up holding
+    most of a file (CI: 264 MiB for 200 MiB) when its sending thread was starved."""
     src = tmp_path / "src.bin"
     src.write_bytes(os.urandom(48 * 2**20 + 5))
-    _starved_prefetch(monkeypatch)
     d = session.mkdtemp()
     try:
         session.put(str(src), d + "/file")
-
-        def whole_file_prefetch():  # what get did before: one prefetch of the whole file
-            with session._sftp_client() as sftp, sftp.open(d + "/file", "rb") as fh:
-                fh.prefetch(fh.stat().st_size)
-                while fh.read(_pct_ssh.CHUNK):
-                    pass
-                # its starved thread still sends reads: let it finish before the connection closes under it
-                for thread in threading.enumerate():
-                    if thread.name.endswith("(starved)"):
-                        thread.join(30)
-        # the injected race is real: a whole-file prefetch ends up holding most of the file
-        assert _peak_mib(whole_file_prefetch) > 32
         out = tmp_path / "out.bin"
         peak = _peak_mib(lambda: session.get(d + "/file", str(out)))
-        assert peak < 8, "get held %.1f MiB" % peak  # 2 MiB in flight, 1 MiB blocks
+        assert peak < 8, "get held %.1f MiB" % peak  # 2 MiB of reads in flight
         assert out.read_bytes() == src.read_bytes()
     finally:
         session.rmtree(d)
@@ -285,8 +260,6 @@ def test_control_master_reports_login_failure(sshd, tmp_path):
 
 def test_parallel_requests_wait_for_a_free_session(sshd_two_sessions):
     """More parallel tasks than sshd's MaxSessions queue up instead of failing."""
-    import threading
-
     s = _pct_ssh.DirectSession(settings(sshd_two_sessions)).connect()
     results = []
 
@@ -376,74 +349,104 @@ def test_control_socket_and_directory_are_private(sshd, tmp_path):
     assert "not a directory" in exc.value.msg
 
 
-class _ShortAnswers:
-    """An SFTP client's request/answer calls over a bytes CONTENT, answering every read with at most MOST
-    bytes, in order, and EOF past the end: a server that answers short, which OpenSSH's sftp-server never does."""
+class _ShortSftpServer:
+    """An SFTP version 3 server for one file of CONTENT, on one end of a socket pair, that claims the file holds
+    SIZE bytes and answers every read with at most MOST bytes, and EOF past the end: a server that answers short,
+    which OpenSSH's sftp-server never does. Written with struct alone, apart from the code under test."""
 
-    def __init__(self, content: bytes, most: int) -> None:
-        self.content, self.most = content, most
-        self.queue: list = []
-        self.number = 0
+    def __init__(self, content: bytes, size: int, most: int) -> None:
+        self.content, self.size, self.most = content, size, most
+        self.client, self.server = socket.socketpair()
+        self.reads = 0
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
 
-    def _async_request(self, fileobj, kind, handle, offset, length):
-        import paramiko
-        from paramiko.sftp import CMD_DATA, CMD_READ, CMD_STATUS, SFTP_EOF
+    def recv_exact(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            block = self.server.recv(n - len(data))
+            if not block:
+                raise EOFError
+            data += block
+        return data
 
-        assert kind == CMD_READ and handle == b"h"
-        msg = paramiko.Message()
-        data = self.content[int(offset):int(offset) + min(length, self.most)]
-        if data:
-            msg.add_string(data)
-        else:
-            msg.add_int(SFTP_EOF)
-            msg.add_string("End of file")
-        msg.rewind()
-        self.number += 1
-        self.queue.append((fileobj, CMD_DATA if data else CMD_STATUS, msg, self.number))
-        return self.number
+    def reply(self, kind: int, body: bytes) -> None:
+        self.server.sendall(struct.pack(">IB", len(body) + 1, kind) + body)
 
-    def _read_response(self):
-        fileobj, kind, msg, num = self.queue.pop(0)
-        fileobj._async_response(kind, msg, num)
+    def serve(self) -> None:
+        try:
+            while True:
+                (length,) = struct.unpack(">I", self.recv_exact(4))
+                self.answer(self.recv_exact(length))
+        except (EOFError, OSError):
+            self.server.close()
 
-    def _convert_status(self, msg):
-        import paramiko
+    def answer(self, raw: bytes) -> None:
+        kind, rid = raw[0], raw[1:5]
+        if kind == 1:  # INIT
+            self.reply(2, struct.pack(">I", 3))
+        elif kind == 3:  # OPEN
+            self.reply(102, rid + struct.pack(">I", 1) + b"h")
+        elif kind == 8:  # FSTAT: the size flag, then the size
+            self.reply(105, rid + struct.pack(">IQ", 1, self.size))
+        elif kind == 5:  # READ: handle, offset, length
+            offset, length = struct.unpack(">QI", raw[10:22])
+            data = self.content[offset:offset + min(length, self.most)]
+            self.reads += 1
+            if data:
+                self.reply(103, rid + struct.pack(">I", len(data)) + data)
+            else:
+                self.reply(101, rid + struct.pack(">II", 1, 11) + b"End of file" + struct.pack(">I", 0))
+        elif kind == 4:  # CLOSE
+            self.reply(101, rid + struct.pack(">II", 0, 2) + b"OK" + struct.pack(">I", 0))
 
-        paramiko.SFTPClient._convert_status(self, msg)
+
+def _download(server: _ShortSftpServer, dst, depth: int = sftp_read.GET_DEPTH) -> int:
+    reader = sftp_read.Reader(server.client)
+    try:
+        written = reader.read_into(reader.open("/f"), dst, depth=depth)
+        reader.close()
+        return written
+    finally:
+        server.client.close()
 
 
-def test_a_short_answer_is_asked_again_for_the_rest_and_eof_early_is_an_error(tmp_path):
+def test_a_short_answer_is_asked_again_for_the_rest(tmp_path):
     content = os.urandom(200_000)
+    server = _ShortSftpServer(content, len(content), most=10_000)
     out = tmp_path / "out.bin"
     with open(out, "wb") as dst:
-        assert _pct_ssh._pipelined_read(_ShortAnswers(content, 10_000), b"h", len(content), dst, depth=4) == len(content)
+        assert _download(server, dst, depth=4) == len(content)
     assert out.read_bytes() == content
-    with open(out, "wb") as dst, pytest.raises(EOFError):  # the file is shorter than the size it was read for
-        _pct_ssh._pipelined_read(_ShortAnswers(content, 40_000), b"h", len(content) + 5, dst)
+    assert server.reads > len(content) // sftp_read.SFTP_READ + 1  # the short answers were asked again
+
+
+def test_an_end_of_file_before_the_size_is_an_error(tmp_path):
+    """The file shrank between being sized and being read (rewritten on the host): never a short copy taken
+    for the whole file."""
+    content = os.urandom(200_000)
+    server = _ShortSftpServer(content, len(content) + 5, most=40_000)
+    with open(tmp_path / "out.bin", "wb") as dst, pytest.raises(EOFError):
+        _download(server, dst)
 
 
 def test_a_file_shorter_when_read_than_when_sized_is_a_transfer_error(session, tmp_path, monkeypatch):
-    """The file shrank between the size check and the reads (it is being rewritten on the host): never a
-    short copy taken for the whole file."""
-    import paramiko
-
+    """On a real server: get reports the short read as a transfer error, and downloads the unchanged file whole."""
     src = tmp_path / "src.bin"
-    src.write_bytes(os.urandom(3 * 2**20 + 7))  # two windows and a bit
+    src.write_bytes(os.urandom(3 * 2**20 + 7))
     d = session.mkdtemp()
     try:
         session.put(str(src), d + "/file")
-        real_stat = paramiko.SFTPClient.stat
+        real_open = sftp_read.Reader.open
 
-        def stat_before_it_shrank(self, path):
-            attrs = real_stat(self, path)
-            attrs.st_size += 2**20  # what it held when sized
-            return attrs
-        monkeypatch.setattr(paramiko.SFTPClient, "stat", stat_before_it_shrank)
+        def sized_before_it_shrank(self, path):
+            return real_open(self, path) + 2**20  # what it held when sized
+        monkeypatch.setattr(sftp_read.Reader, "open", sized_before_it_shrank)
         with pytest.raises(_pct_ssh.SessionError) as exc:
             session.get(d + "/file", str(tmp_path / "out.bin"))
         assert exc.value.kind == "transfer"
         monkeypatch.undo()
-        session.get(d + "/file", str(tmp_path / "out.bin"))  # and unchanged, the same file downloads whole
+        session.get(d + "/file", str(tmp_path / "out.bin"))
         assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()
     finally:
         session.rmtree(d)

@@ -16,14 +16,16 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh_worker
 from tests.support.paths import COLLECTIONS, ROOT
+from tests.support.procfs import exited
+from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"),
+              pytest.mark.processes]
 
 CONTROLLER = textwrap.dedent("""
     import os, sys, time
@@ -50,29 +52,11 @@ CONTROLLER = textwrap.dedent("""
 """)
 
 
-def running(pid: int) -> bool:
-    """PID exists and is not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait(predicate, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
-
-
 def start(tmp_path, mode: str):
     report = str(tmp_path / "worker")
     controller = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(COLLECTIONS), report, mode],
                                   cwd=str(ROOT), start_new_session=True)
-    assert wait(lambda: os.path.exists(report), 30), "the worker never reported"
+    wait_for(lambda: os.path.exists(report), 30, "the worker to report", interval=0.02)
     with open(report) as fh:
         return controller, int(fh.read())
 
@@ -80,14 +64,14 @@ def start(tmp_path, mode: str):
 def test_worker_ends_when_its_controller_is_sigkilled(tmp_path):
     controller, worker = start(tmp_path, "tied")
     try:
-        assert wait(lambda: os.path.exists(str(tmp_path / "worker.after")), 10)
+        wait_for(lambda: os.path.exists(str(tmp_path / "worker.after")), 10, "the worker's request", interval=0.02)
         assert (tmp_path / "worker.after").read_text().strip() == "True"
-        assert running(worker)
+        assert not exited(worker)
         os.killpg(controller.pid, signal.SIGKILL)  # the group only: the worker setsid'd out of it
         controller.wait(10)
-        assert wait(lambda: not running(worker), 5), "the worker outlived its controller"
+        wait_for(lambda: exited(worker), 5, "the worker to end with its controller", interval=0.02)
     finally:
-        if running(worker):
+        if not exited(worker):
             os.kill(worker, signal.SIGKILL)
         if controller.poll() is None:
             controller.kill()
@@ -98,10 +82,10 @@ def test_worker_whose_controller_died_before_it_asked_ends_at_once(tmp_path):
     controller, worker = start(tmp_path, "late")
     try:
         controller.wait(10)
-        assert wait(lambda: not running(worker), 5), "the orphaned worker went on"
+        wait_for(lambda: exited(worker), 5, "the orphaned worker to end", interval=0.02)
         assert not (tmp_path / "worker.after").exists()  # it never returned from the request
     finally:
-        if running(worker):
+        if not exited(worker):
             os.kill(worker, signal.SIGKILL)
 
 

@@ -2,9 +2,8 @@
 
 The newest is the project's own pin (requirements.txt), which every other test runs on. The oldest gets a venv of
 its own (.venv-paramiko-oldest, scripts/setup), where this runs the SSH session's tests (real sshd on loopback,
-real transfers) again. Downloads drive paramiko's SFTP client calls below its public API (its public prefetch can
-hold a whole file in memory, and reading in public windows was 2.6x slower): those calls must be there, and
-behave, in every release the range admits.
+real transfers) again: the session uses paramiko's public API only (SSHClient, Transport, Channel, SFTPClient),
+and each of those calls must behave alike in every release the range admits.
 """
 
 from __future__ import annotations
@@ -16,6 +15,8 @@ import subprocess
 import pytest
 
 from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.processes  # the oldest venv's pytest, with sshd
 
 OLDEST_VENV = ROOT / ".venv-paramiko-oldest"
 SESSION_TESTS = "tests/unit/plugins/plugin_utils/test__pct_ssh_session.py"
