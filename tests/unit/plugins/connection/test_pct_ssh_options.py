@@ -7,19 +7,13 @@ at a closed port, so a case that reached the network would fail differently.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-
 import pytest
 
-from tests.support import paths
 from tests.support.inventory import write_inventory
 from tests.support.net import free_port
 from tests.support.playbook import ansible_env, run_playbook
 
-BIN = str(paths.BIN)
-
+pytestmark = pytest.mark.processes  # ansible-playbook and ansible-doc
 
 CASES = {
     "semicolon": ({"proxmox_vmid": "200; reboot"}, "proxmox_vmid"),
@@ -68,12 +62,8 @@ def test_each_bad_input_has_its_message(results, case):
         assert "cannot reach" not in msg  # refused before reaching the network
 
 
-def test_documented_defaults():
-    out = subprocess.run(
-        [os.path.join(BIN, "ansible-doc"), "-t", "connection", "--json", "gpuops.repurpose.pct_ssh"],
-        cwd=paths.ROOT, capture_output=True, text=True, check=True, timeout=60,
-    ).stdout
-    opts = json.loads(out)["gpuops.repurpose.pct_ssh"]["doc"]["options"]
+def test_documented_defaults(pct_ssh_doc):
+    opts = pct_ssh_doc["options"]
     assert opts["host_key_checking"]["default"] is True
     assert opts["host_key_auto_add"]["default"] is False
     assert opts["pct_path"]["default"] == "/usr/sbin/pct"
@@ -83,17 +73,13 @@ def test_documented_defaults():
     assert [v["name"] for v in opts["vmid"]["vars"]] == ["proxmox_vmid"]
 
 
-def test_host_login_is_not_ansibles_remote_user():
+def test_host_login_is_not_ansibles_remote_user(pct_ssh_doc):
     """ActionBase expands ~ in the home of the connection's remote_user; inside the container that is root.
 
     The host login is consumed from the usual names under another option, and
     the plugin's default_user (the user commands run as in the container) is root.
     """
-    out = subprocess.run(
-        [os.path.join(BIN, "ansible-doc"), "-t", "connection", "--json", "gpuops.repurpose.pct_ssh"],
-        cwd=paths.ROOT, capture_output=True, text=True, check=True, timeout=60,
-    ).stdout
-    opts = json.loads(out)["gpuops.repurpose.pct_ssh"]["doc"]["options"]
+    opts = pct_ssh_doc["options"]
     assert "remote_user" not in opts
     assert {"ansible_user", "ansible_ssh_user"} <= {v["name"] for v in opts["pve_user"]["vars"]}
     assert [k["name"] for k in opts["pve_user"]["keyword"]] == ["remote_user"]

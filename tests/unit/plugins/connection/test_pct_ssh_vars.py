@@ -8,43 +8,34 @@ one warning per name.
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import yaml
 
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh_vars
-from tests.support import paths
 from tests.support.inventory import write_inventory
 from tests.support.net import free_port
 from tests.support.playbook import run_playbook
 
-BIN = str(paths.BIN)
+pytestmark = pytest.mark.processes  # ansible-playbook and ansible-doc
 
 
-def _doc_vars(documentation: str) -> dict:
-    doc = yaml.safe_load(documentation)
+def _doc_vars(doc: dict) -> dict:
     return {v["name"]: name for name, opt in doc["options"].items() for v in opt.get("vars") or [] if "[" not in v["name"]}
 
 
-def _pct_ssh_doc() -> str:
-    src = open(os.path.join(paths.ROOT, "plugins", "connection", "pct_ssh.py"), encoding="utf-8").read()
-    start = src.index('DOCUMENTATION = r"""') + len('DOCUMENTATION = r"""')
-    return src[start : src.index('"""', start)]
-
-
-def test_table_is_exactly_the_ssh_variables_pct_ssh_does_not_use():
+def test_table_is_exactly_the_ssh_variables_pct_ssh_does_not_use(pct_ssh_doc):
     from ansible.plugins.connection import ssh
 
-    ssh_vars = _doc_vars(ssh.DOCUMENTATION)
-    pct_vars = _doc_vars(_pct_ssh_doc())
+    ssh_vars = _doc_vars(yaml.safe_load(ssh.DOCUMENTATION))
+    pct_vars = _doc_vars(pct_ssh_doc)
     used = {name for name, option in pct_vars.items() if option != "ssh_only_vars"}
     assert set(_pct_ssh_vars.SSH_ONLY_VARS) == set(ssh_vars) - used
     # and the plugin declares exactly those names, so Ansible hands them over
     assert {name for name, option in pct_vars.items() if option == "ssh_only_vars"} == set(_pct_ssh_vars.SSH_ONLY_VARS)
 
 
-def test_every_named_replacement_is_a_pct_ssh_variable():
-    pct_vars = _doc_vars(_pct_ssh_doc())
+def test_every_named_replacement_is_a_pct_ssh_variable(pct_ssh_doc):
+    pct_vars = _doc_vars(pct_ssh_doc)
     for name, advice in _pct_ssh_vars.SSH_ONLY_VARS.items():
         for word in advice.replace(",", " ").replace("(", " ").replace(")", " ").split():
             if word.startswith("ansible_"):
