@@ -34,22 +34,16 @@ import pytest
 
 from tests.support import built_collection as bc
 from tests.support.ct200 import trainer_pids
-from tests.support.lab import restore_trainer, trainer
+from tests.support.lab import trainer
 from tests.support.paths import LAB_INVENTORY as INVENTORY
 from tests.support.playbook import recap
 from tests.support.stop_training import FAST
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(600)]
 
 
 def trainer_running(status: dict) -> bool:
     return bool(trainer_pids(status))
-
-
-@pytest.fixture(scope="module")
-def lab(lab):
-    yield lab
-    restore_trainer()
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from tests.support.ct200 import (
     trainer_pids,
 )
 from tests.support.datagen import WORK, generated_rows, prepared_ids, reset_pipeline, wait_pipeline_finished
-from tests.support.lab import MAIN_CT, SUDO_USER, lab_cli, lab_status, restore_trainer, trainer
+from tests.support.lab import MAIN_CT, SUDO_USER, lab_cli, lab_status, trainer
 from tests.support.paths import LAB_INVENTORY
 from tests.support.playbook import run_playbook
 from tests.support.ssh import attach
@@ -50,14 +50,7 @@ from tests.support.ssh import in_ct as ct
 from tests.support.stop_training import FAST, REPURPOSE_PLAYBOOK, STUBBORN
 from tests.support.wait import wait_for
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def lab(lab):
-    yield lab
-    # Leave the lab as other suites expect it: the default trainer running (never taken down).
-    restore_trainer()
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(900)]
 
 
 PVEOPS = {"ansible_user": SUDO_USER}  # pveops in lane 0

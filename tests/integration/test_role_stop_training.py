@@ -30,21 +30,14 @@ from tests.support.ct200 import (
     pane_pids,
     trainer_pids,
 )
-from tests.support.lab import DECOY_CT, MAIN_CT, lab_status, require_stopped, restore_trainer, trainer
+from tests.support.lab import DECOY_CT, MAIN_CT, lab_status, require_stopped, trainer
 from tests.support.paths import ROOT
 from tests.support.playbook import ansible_env, read_until, recap
 from tests.support.ssh import in_ct as ct
 from tests.support.stop_training import STUBBORN, argv, play, start
 from tests.support.wait import wait_for
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def lab(lab):
-    yield lab
-    # Leave the lab as other suites expect it: the default trainer running (never taken down).
-    restore_trainer()
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(900)]
 
 
 # ---------------------------------------------------------------- tests

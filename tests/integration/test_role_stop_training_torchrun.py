@@ -26,7 +26,7 @@ import yaml
 from tests.lab.labctl import facts as lab_facts
 from tests.lab.labctl.trainer import trainer_command
 from tests.support.ct200 import ct_processes, decoy_pids, lock_holder, pane_pids
-from tests.support.lab import MAIN_CT, lab_cli, restore_trainer, trainer
+from tests.support.lab import MAIN_CT, lab_cli, trainer
 from tests.support.paths import LAB_INVENTORY, ROOT
 from tests.support.playbook import recap, run_playbook
 from tests.support.restore import (
@@ -47,21 +47,15 @@ from tests.support.ssh import attach
 from tests.support.ssh import in_ct as ct
 from tests.support.stop_training import REPURPOSE_PLAYBOOK
 
-pytestmark = [pytest.mark.lab, pytest.mark.timeout(900)]
+# Afterwards back to the baseline every other suite expects: the fake trainer, on a tmux server started without a
+# command (the lab restarts the server when it leaves the torchrun behaviour).
+pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(900)]
 
 with open(ROOT / "roles" / "stop_training" / "defaults" / "main.yml", encoding="utf-8") as _handle:
     ROLE_DEFAULTS = yaml.safe_load(_handle)
 DECOY_SESSIONS = ("edit", "monitor")
 # the way back's dataset: a directory made here in CT200 (the job's --data accepts a file or a directory)
 RESTORE_DATA = "/root/dflash/data/merged-v2/"
-
-
-@pytest.fixture(scope="module")
-def lab(lab):
-    yield lab
-    # Back to the baseline every other suite expects: the fake trainer, on a tmux server started
-    # without a command (the lab restarts the server when it leaves the torchrun behaviour).
-    restore_trainer()
 
 
 def role_defaults(status: dict) -> dict:

@@ -27,6 +27,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._checkpoint.newes
 )
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.processes
+
 NOW = 1_700_000_000.0
 OLD = NOW - 600  # settled long ago
 
@@ -388,14 +390,6 @@ def test_dcp_whole(tmp_path):
     assert v.size > 128
 
 
-def test_dcp_shard_named_in_metadata_missing(tmp_path):
-    path = dcp_dir(tmp_path / "step_200")
-    os.remove(os.path.join(path, "__1_0.distcp"))
-    v = judge(settle(path))
-    assert (v.whole, v.kind) == (False, "dcp")
-    assert v.why == "shard __1_0.distcp named in .metadata is missing"
-
-
 def test_dcp_without_metadata_did_not_finish(tmp_path):
     path = dcp_dir(tmp_path / "step_200")
     os.remove(os.path.join(path, ".metadata"))
@@ -439,12 +433,16 @@ def test_hf_sharded_whole(tmp_path):
     assert (v.whole, v.kind, v.why, v.step) == (True, "hf", "", 1500)
 
 
-def test_hf_index_naming_a_missing_shard(tmp_path):
-    path = hf_dir(tmp_path / "checkpoint-1500", shards=3)
-    os.remove(os.path.join(path, "model-00002-of-00003.safetensors"))
+@pytest.mark.parametrize("make, shard, kind, why", [
+    (lambda tmp: dcp_dir(tmp / "step_200"), "__1_0.distcp", "dcp", "shard __1_0.distcp named in .metadata is missing"),
+    (lambda tmp: hf_dir(tmp / "checkpoint-1500", shards=3), "model-00002-of-00003.safetensors", "hf",
+     "shard model-00002-of-00003.safetensors named by model.safetensors.index.json is missing"),
+], ids=["dcp", "hf"])
+def test_a_shard_its_index_names_is_missing(tmp_path, make, shard, kind, why):
+    path = make(tmp_path)
+    os.remove(os.path.join(path, shard))
     v = judge(settle(path))
-    assert (v.whole, v.kind) == (False, "hf")
-    assert v.why == "shard model-00002-of-00003.safetensors named by model.safetensors.index.json is missing"
+    assert (v.whole, v.kind, v.why) == (False, kind, why)
 
 
 def test_hf_truncated_shard(tmp_path):
