@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -44,6 +45,7 @@ import pytest
 import yaml
 
 from tests.support import datagen_stages as stages
+from tests.support import faults
 from tests.support.datagen import (
     CONVERGE,
     GATE_TASK,
@@ -57,9 +59,9 @@ from tests.support.datagen import (
     reset_pipeline,
     wait_pipeline_finished,
 )
-from tests.support.faults import FULL
+from tests.support.faults import FULL, Fault, Figures
 from tests.support.paths import LAB_INVENTORY
-from tests.support.playbook import BANNER, banners_until, changed_tasks, kill_playbook, start_playbook
+from tests.support.playbook import BANNER, changed_tasks, start_playbook
 from tests.support.ssh import attach
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(1500)]
@@ -83,6 +85,7 @@ POINTS = [
     ("during the readiness gate", GATE_TASK, 0.3),
 ]
 LOOP = "controller lost in sglang_datagen: after a task that changed the node"
+REFERENCE_TEMPERATURE = 0.5  # the reference run's; each loop point adds its own hundredths
 
 
 CONFIG = "/opt/datagen/datagen.yml"
@@ -166,42 +169,52 @@ def serving_problems(lab: dict, latency: str) -> list:
     return problems
 
 
+@dataclass
+class Converge:
+    """A point's context: the lab, the ledger, and the loop's notes (its points' outcomes, when each started)."""
+
+    lab: dict
+    figures: Figures
+    notes: Dict[str, str] = field(default_factory=dict)
+    started: float = 0.0
+
+
 def kill_when(args: tuple, done, delay: float = 0.0) -> List[str]:
-    """Start the converge play with ARGS and kill it whole DELAY s after DONE(banners so far) holds; the
-    banners. AssertionError when the play ended first or went on past the kill."""
+    """Start the converge play with ARGS and kill it whole DELAY s after DONE(banners so far) holds (the shared
+    controller-kill injector); the banners."""
     free_gpus()
-    proc = start_playbook(CONVERGE, LAB_INVENTORY, args=args)
-    try:
-        seen = banners_until(proc, done)
-        time.sleep(delay)
-    finally:
-        kill_playbook(proc, with_workers=True)
-    tail = proc.stdout.read() if proc.stdout else ""
-    assert done(seen), f"the play ended after {len(seen)} tasks, before the kill point:\n{tail[-2000:]}"
-    assert "TASK [" not in tail and "PLAY RECAP" not in tail, f"the play went on past the kill:\n{tail[-2000:]}"
-    return seen
+    return faults.controller_killed(start_playbook(CONVERGE, LAB_INVENTORY, args=args), done, delay=delay)
 
 
-def rerun_converges(lab: dict, figures, name: str, args: tuple, latency: str) -> None:
-    """After a killed play: a plain re-run with the same ARGS, then everything it must show (module docstring)."""
-    t0 = time.monotonic()
-    play(*args)
+@dataclass(frozen=True)
+class Killed:
+    """What a killed play was given: its ansible-playbook arguments and the workers' latency in them."""
+
+    args: tuple
+    latency: str
+
+
+def rerun_converges(ctx: Converge, killed: Killed) -> Dict[str, int]:
+    """After a killed play: a plain re-run with the same arguments, then everything it must show (module
+    docstring); the rows lost."""
+    lab, t0 = ctx.lab, time.monotonic()
+    play(*killed.args)
     wait_pipeline_finished(lab, FINISH_S)
-    figures.wait("controller lost in sglang_datagen: re-run and pipeline finished", time.monotonic() - t0,
-                 RERUN_BOUND_S)
+    ctx.figures.wait("controller lost in sglang_datagen: re-run and pipeline finished", time.monotonic() - t0,
+                     RERUN_BOUND_S)
     check = stages_in_ct(lab, "check", WORK, str(ROWS))
     assert check["problems"] == [], check["problems"]
-    assert serving_problems(lab, latency) == []
+    assert serving_problems(lab, killed.latency) == []
     assert attach(lab, "test", "-e", f"{PACKAGE}/{OLDER}", check=False).returncode != 0, \
         "the re-run left the older package's files in place: the new archive was never unpacked"
     # the run that finished started on the config as it is now (not an older one it was running on)
     started = show(lab, "datagen-pipeline.service", "InactiveExitTimestamp", "--timestamp=unix").lstrip("@")
     written = attach(lab, "stat", "-c", "%Y", CONFIG).stdout.strip()
     assert started and float(started) >= float(written), (started, written)
-    out, changed = play(*args)
+    out, changed = play(*killed.args)
     assert changed == 0, out[-4000:]
     assert "finished for this config (nothing started)" in out, out[-3000:]
-    figures.survived(name, rows_lost=check["lost"])
+    return {"rows_lost": check["lost"]}
 
 
 def loop_selected(points: List[Tuple[int, str]]) -> List[Tuple[int, str]]:
@@ -213,9 +226,30 @@ def loop_selected(points: List[Tuple[int, str]]) -> List[Tuple[int, str]]:
     return points if FULL else ([p for p in points if CI_POINT_TASK in p[1]] or points)[:1]
 
 
+def after_task(k: int, task: str, points: List[Tuple[int, str]], banners: List[str], n: int) -> Fault:
+    """The every-k loop's row for the kill right after task K (the N-th point this run takes): the play given a
+    latency and a temperature no other point uses, killed as banner K+2 is printed, having taken the reference's
+    path."""
+    latency = f"{0.010 + points.index((k, task)) / 1000:.3f}"
+
+    def inject(ctx: Converge) -> Killed:
+        ctx.started = time.monotonic()
+        args = changed_settings(ctx.lab, latency, round(REFERENCE_TEMPERATURE + (n + 1) / 100, 2))
+        seen = kill_when(args, lambda s: len(s) >= k + 2)
+        assert seen[:k + 1] == banners[:k + 1], f"the killed play took another path: {seen} vs {banners}"
+        return Killed(args, latency)
+
+    def check(ctx: Converge, killed: Killed) -> Dict[str, int]:
+        counts = rerun_converges(ctx, killed)
+        ctx.notes[str(k + 1)] = f"{task}: survived in {time.monotonic() - ctx.started:.0f} s"
+        ctx.figures.note("data half kill points", ctx.notes)
+        return counts
+
+    return Fault(LOOP, f"task {k + 1}: {task}", inject, check, at={"k": k})
+
+
 def test_controller_killed_after_each_task_that_changes_the_node(lab, figures):
-    temperature = 0.5
-    reference_args = changed_settings(lab, "0.009", temperature)
+    reference_args = changed_settings(lab, "0.009", REFERENCE_TEMPERATURE)
     reference = play_result(*reference_args)
     assert reference.rc == 0, reference.stdout[-4000:]
     banners = BANNER.findall(reference.stdout)
@@ -227,44 +261,42 @@ def test_controller_killed_after_each_task_that_changes_the_node(lab, figures):
                  "Write the systemd units and the workers' environment files", "Start the workers",
                  "Start the pipeline"):
         assert any(must in task for _k, task in points), (must, points)
-    failures: List[str] = []
-    notes: Dict[str, str] = {}
-    for n, (k, task) in enumerate(loop_selected(points), start=1):
-        name = f"{LOOP} (task {k + 1}: {task})"
-        latency = f"{0.010 + points.index((k, task)) / 1000:.3f}"
-        t_point = time.monotonic()
-        try:
-            args = changed_settings(lab, latency, round(temperature + (n + 1) / 100, 2))
-            seen = kill_when(args, lambda s, k=k: len(s) >= k + 2)
-            figures.injected(LOOP)
-            assert seen[:k + 1] == banners[:k + 1], f"the killed play took another path: {seen} vs {banners}"
-            rerun_converges(lab, figures, LOOP, args, latency)
-            notes[str(k + 1)] = f"{task}: survived in {time.monotonic() - t_point:.0f} s"
-        except AssertionError as exc:
-            failures.append(f"{name}: {exc}"[:2000])
-            figures.failed(LOOP, failures[-1])
-            notes[str(k + 1)] = f"{task}: FAILED"
-        figures.note("data half kill points", notes)
-    assert not failures, "\n\n".join(failures)
+    ctx = Converge(lab, figures)
+
+    def failed(row: Fault) -> None:
+        ctx.notes[str(row.at["k"] + 1)] = f"{row.point}: FAILED"
+        figures.note("data half kill points", ctx.notes)
+
+    rows = (after_task(k, task, points, banners, n) for n, (k, task) in enumerate(loop_selected(points), start=1))
+    faults.each(figures, rows, ctx, on_failure=failed)
 
 
-SPECIAL = POINTS if FULL else [p for p in POINTS if p[0] == "during the readiness gate"]
+def inside_a_task(point: str, task: str, delay: float):
+    """The injector for a kill DELAY s after TASK's banner: the node prepared as POINT needs, the play killed."""
+
+    def inject(ctx: Converge) -> Killed:
+        lab = ctx.lab
+        # a latency no earlier run used: the killed play changes the worker units, as a changed setting does
+        latency = "0.0%d" % (2 + [p[0] for p in POINTS].index(point))
+        if point.startswith("config"):
+            play(*changed_settings(lab, "15", 0.6))  # the pipeline running on the older config; slow workers
+            older_package(lab)
+            args = settings(latency, 0.7)
+        else:
+            args = changed_settings(lab, latency, 0.7)
+        if point.startswith("during the install"):
+            # a venv that holds every pin skips the installer: one pin missing makes it run (and reinstall it)
+            attach(lab, PYTHON, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", "Jinja2", timeout=120)
+        kill_when(args, lambda s: len(s) > 0 and task in s[-1], delay)
+        return Killed(args, latency)
+
+    return inject
 
 
-@pytest.mark.parametrize("point,task,delay", SPECIAL, ids=[p[0] for p in SPECIAL])
-def test_controller_killed_inside_a_task_then_a_plain_rerun_converges(point, task, delay, lab, figures):
-    # a latency no earlier run used: the killed play changes the worker units, as a changed setting does
-    latency = "0.0%d" % (2 + POINTS.index((point, task, delay)))
-    if point.startswith("config"):
-        play(*changed_settings(lab, "15", 0.6))  # the pipeline running on the older config; slow workers
-        older_package(lab)
-        args = settings(latency, 0.7)
-    else:
-        args = changed_settings(lab, latency, 0.7)
-    if point.startswith("during the install"):
-        # a venv that holds every pin skips the installer: one pin missing makes it run (and reinstall it)
-        attach(lab, PYTHON, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check", "Jinja2", timeout=120)
-    name = "controller lost in sglang_datagen: " + point
-    kill_when(args, lambda s: len(s) > 0 and task in s[-1], delay)
-    figures.injected(name)
-    rerun_converges(lab, figures, name, args, latency)
+INSIDE = [Fault("controller lost in sglang_datagen", point, inside_a_task(point, task, delay), rerun_converges,
+                ci=point == "during the readiness gate") for point, task, delay in POINTS]
+
+
+@pytest.mark.parametrize("row", faults.table(INSIDE))
+def test_controller_killed_inside_a_task_then_a_plain_rerun_converges(row, lab, figures):
+    faults.run(figures, row, Converge(lab, figures))

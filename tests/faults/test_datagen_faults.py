@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -33,6 +34,8 @@ from harness import StandinProcess
 from datagen import space
 from tests.support import datagen_rows as fx
 from tests.support import datagen_stages as stages
+from tests.support import faults
+from tests.support.faults import Fault
 from tests.support.paths import DATAGEN_FILES
 
 FILES = str(DATAGEN_FILES)
@@ -128,28 +131,6 @@ def check_dataset(work: Path) -> Dict[str, int]:
     return {"rows": ROWS, "lost": lost}
 
 
-@pytest.mark.parametrize("stage", PIPELINE)
-def test_stage_killed_then_unit_restarted(stage, tmp_path, standin, figures):
-    work = tmp_path / "work"
-    cfg = make_config(tmp_path, work, standin)
-    for before in PIPELINE[:PIPELINE.index(stage)]:
-        assert datagen(before, cfg).returncode == 0
-    kill = kill_stage_at(stage, cfg, kill_point(stage, work))
-    figures.injected("datagen stage SIGKILLed: " + stage)
-    assert kill["landed"], f"{stage} finished before its kill point (rc {kill['rc']}): {kill['stderr'][-2000:]}"
-    assert kill["rc"] == -signal.SIGKILL
-    assert not stages.stage_done(stage, str(work), ROWS), f"{stage} finished before the kill landed"
-    # the killed stage's output is not taken as done: the restart redoes it
-    summaries = dict(zip(PIPELINE, run_unit(cfg)))
-    assert summaries[stage].get("skipped") in (False, None), f"{stage}: the half-done output was taken as done"
-    result = check_dataset(work)
-    figures.survived("datagen stage SIGKILLed: " + stage, rows_lost=result["lost"])
-    # and a second restart changes nothing
-    again = dict(zip(PIPELINE, run_unit(cfg)))
-    assert all(again[s].get("skipped") is True for s in ("prepare", "tokenize", "merge", "report"))
-    assert again["generate"]["written"] == 0
-
-
 @pytest.fixture
 def small_fs(tmp_path):
     """``tmp_path/work`` as a real 16 MiB tmpfs (a size-limited filesystem of its own)."""
@@ -177,16 +158,64 @@ def done_marker(stage: str, work: Path) -> Optional[Path]:
     return {"tokenize": work / "tokenized" / "manifest.json", "merge": work / "merged" / "manifest.json"}.get(stage)
 
 
-# generate: room for a few rows, then full mid-stage; tokenize/merge: full before the first shard closes
-@pytest.mark.parametrize("stage,leave", [("generate", 64 * 1024), ("tokenize", 8 * 1024), ("merge", 8 * 1024)])
-def test_work_dir_fills_up(stage, leave, tmp_path, small_fs, standin, figures):
-    work = small_fs
-    cfg = make_config(tmp_path, work, standin)
+@dataclass
+class Run:
+    """One point's context: the pipeline's config and its work_dir."""
+
+    cfg: str
+    work: Path
+
+
+def run_up_to(ctx: Run, stage: str) -> None:
+    """The stages before STAGE, run to their end (the point lands in STAGE)."""
     for before in PIPELINE[:PIPELINE.index(stage)]:
-        assert datagen(before, cfg).returncode == 0
-    ballast = fill(work, leave)
-    p = datagen(stage, cfg)
-    figures.injected("work_dir full: " + stage)
+        assert datagen(before, ctx.cfg).returncode == 0
+
+
+def stage_killed(stage: str):
+    """The injector: STAGE's whole process group SIGKILLed the moment its in-progress output appears."""
+
+    def inject(ctx: Run) -> Dict[str, object]:
+        run_up_to(ctx, stage)
+        return dict(kill_stage_at(stage, ctx.cfg, kill_point(stage, ctx.work)), stage=stage)
+
+    return inject
+
+
+def restarted_unit_recovers(ctx: Run, kill: Dict[str, object]) -> Dict[str, int]:
+    """The kill landed mid-stage; the unit restarted from the top redoes the stage and loses nothing; a second
+    restart changes nothing."""
+    stage = str(kill["stage"])
+    assert kill["landed"], f"{stage} finished before its kill point (rc {kill['rc']}): {str(kill['stderr'])[-2000:]}"
+    assert kill["rc"] == -signal.SIGKILL
+    assert not stages.stage_done(stage, str(ctx.work), ROWS), f"{stage} finished before the kill landed"
+    # the killed stage's output is not taken as done: the restart redoes it
+    summaries = dict(zip(PIPELINE, run_unit(ctx.cfg)))
+    assert summaries[stage].get("skipped") in (False, None), f"{stage}: the half-done output was taken as done"
+    result = check_dataset(ctx.work)
+    # and a second restart changes nothing
+    again = dict(zip(PIPELINE, run_unit(ctx.cfg)))
+    assert all(again[s].get("skipped") is True for s in ("prepare", "tokenize", "merge", "report"))
+    assert again["generate"]["written"] == 0
+    return {"rows_lost": result["lost"]}
+
+
+def fills_up(stage: str, leave: int):
+    """The injector: work_dir's filesystem filled to LEAVE bytes free, then STAGE run on it."""
+
+    def inject(ctx: Run) -> Dict[str, object]:
+        run_up_to(ctx, stage)
+        ballast = fill(ctx.work, leave)
+        return {"stage": stage, "ballast": ballast, "done": datagen(stage, ctx.cfg)}
+
+    return inject
+
+
+def disk_full_reported(ctx: Run, landed: Dict[str, object]) -> Dict[str, int]:
+    """Exit 1 with one line naming the path and the space needed, nothing half-written taken as done; once the
+    space is freed the run completes."""
+    stage, work, p = str(landed["stage"]), ctx.work, landed["done"]
+    assert isinstance(p, subprocess.CompletedProcess)
     assert p.returncode == 1, p.stderr[-3000:]
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     line = [ln for ln in p.stderr.splitlines() if ln.startswith(f"datagen {stage}:")]
@@ -199,11 +228,23 @@ def test_work_dir_fills_up(stage, leave, tmp_path, small_fs, standin, figures):
     if stage == "generate":
         written = _lines(work / "generated.jsonl")
         assert 0 < written < ROWS, "the disk should fill mid-generation"
-    ballast.unlink()
-    summaries = dict(zip(PIPELINE, run_unit(cfg)))
+    Path(str(landed["ballast"])).unlink()
+    summaries = dict(zip(PIPELINE, run_unit(ctx.cfg)))
     assert summaries[stage].get("skipped") in (False, None)
-    result = check_dataset(work)
-    figures.survived("work_dir full: " + stage, rows_lost=result["lost"])
+    return {"rows_lost": check_dataset(work)["lost"]}
+
+
+# generate: room for a few rows, then full mid-stage; tokenize/merge: full before the first shard closes
+FAULTS = [Fault("datagen stage SIGKILLed", stage, stage_killed(stage), restarted_unit_recovers) for stage in PIPELINE]
+FAULTS += [Fault("work_dir full", stage, fills_up(stage, leave), disk_full_reported, at={"tmpfs": True})
+           for stage, leave in (("generate", 64 * 1024), ("tokenize", 8 * 1024), ("merge", 8 * 1024))]
+
+
+@pytest.mark.parametrize("row", faults.table(FAULTS))
+def test_fault_then_unit_restarted(row, request, tmp_path, standin, figures):
+    # a fault of the disk gets work_dir on a small filesystem of its own
+    work = request.getfixturevalue("small_fs") if row.at.get("tmpfs") else tmp_path / "work"
+    faults.run(figures, row, Run(make_config(tmp_path, work, standin), work))
 
 
 def test_disk_full_message_names_the_space_needed(tmp_path):

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.support import datagen_stages as stages
+from tests.support import faults
 from tests.support.datagen import WORK, lab_worker_args, play, reset_pipeline, wait_pipeline_finished
+from tests.support.faults import Fault, Figures
 from tests.support.ssh import attach
 
 pytestmark = [pytest.mark.lab, pytest.mark.usefixtures("trainer_back_afterwards"), pytest.mark.timeout(900)]
@@ -75,20 +78,35 @@ def reset_for(lab: dict, stage: str) -> None:
     attach(lab, "systemctl", "reset-failed", UNIT, check=False)
 
 
-@pytest.mark.parametrize("stage", stages.PIPELINE)
-def test_pipeline_unit_killed_through_systemd_at_each_stage_systemd_restarts_it(stage, fast_restart_unit, figures):
-    lab = fast_restart_unit
-    reset_for(lab, stage)
-    name = "pipeline unit SIGKILLed through systemd: " + stage
-    kill = stages_in_ct(lab, "kill", stage, WORK, str(ROWS), str(KILL_WAIT_S), UNIT)
-    figures.injected(name)
+@dataclass
+class Unit:
+    """One point's context: the lab (the role converged with a fast restart), the ledger."""
+
+    lab: dict
+    figures: Figures
+
+
+def unit_killed(stage: str):
+    """The injector: the unit's whole cgroup SIGKILLed through systemd the moment STAGE's output appears."""
+
+    def inject(ctx: Unit) -> dict:
+        reset_for(ctx.lab, stage)
+        return dict(stages_in_ct(ctx.lab, "kill", stage, WORK, str(ROWS), str(KILL_WAIT_S), UNIT), stage=stage)
+
+    return inject
+
+
+def systemd_restarts_it(ctx: Unit, kill: dict) -> dict:
+    """systemd, not the test, brings the unit back; the killed stage is redone, nothing lost; a second start (the
+    boot timer's, or anyone's) changes nothing."""
+    lab, stage = ctx.lab, kill["stage"]
     assert kill["landed"], f"{stage} never reached its kill point within {KILL_WAIT_S} s"
     assert kill["unfinished"], f"{stage} had finished before the kill landed: the point missed the stage"
     t0 = time.monotonic()
-    # systemd, not the test, brings it back: nobody starts the unit from here on
+    # nobody starts the unit from here on
     wait_pipeline_finished(lab, FINISH_S)
-    figures.wait("pipeline killed through systemd, restarted and finished", time.monotonic() - t0,
-                 RESTART_DELAY + FINISH_S)
+    ctx.figures.wait("pipeline killed through systemd, restarted and finished", time.monotonic() - t0,
+                     RESTART_DELAY + FINISH_S)
     since = "@%d" % int(kill["killed_at"])
     journal = attach(lab, "journalctl", "-u", UNIT, "--since", since, "--no-pager", "-o", "cat").stdout
     assert "Scheduled restart job" in journal, journal[-3000:]
@@ -96,13 +114,21 @@ def test_pipeline_unit_killed_through_systemd_at_each_stage_systemd_restarts_it(
     assert mtime(lab, stages.done_output(stage, WORK)) > kill["killed_at"], f"{stage} was not redone"
     check = stages_in_ct(lab, "check", WORK, str(ROWS))
     assert check["problems"] == [], check["problems"]
-    figures.survived(name, rows_lost=check["lost"])
-
-    # a second start (the boot timer's, or anyone's) changes nothing: the ExecCondition reads pipeline.done
+    # the ExecCondition reads pipeline.done
     before = {p: mtime(lab, p) for p in (f"{WORK}/generated.jsonl", f"{WORK}/merged/manifest.json")}
     attach(lab, "systemctl", "start", UNIT)
     assert unit_show(lab, "ActiveState") == "inactive"
     assert {p: mtime(lab, p) for p in before} == before, "a finished pipeline ran again"
+    return {"rows_lost": check["lost"]}
+
+
+FAULTS = [Fault("pipeline unit SIGKILLed through systemd", stage, unit_killed(stage), systemd_restarts_it)
+          for stage in stages.PIPELINE]
+
+
+@pytest.mark.parametrize("row", faults.table(FAULTS))
+def test_pipeline_unit_killed_through_systemd_then_systemd_restarts_it(row, fast_restart_unit, figures):
+    faults.run(figures, row, Unit(fast_restart_unit, figures))
 
 
 def test_after_the_kills_a_plain_rerun_of_the_role_changes_nothing(fast_restart_unit):

@@ -55,13 +55,15 @@ import os
 import signal
 import subprocess
 import time
+from dataclasses import dataclass, field
+from typing import Optional
 
 import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils import _pct_ssh
-from tests.support import ct200
+from tests.support import ct200, faults
 from tests.support import lab as lab_support
-from tests.support.faults import FULL
+from tests.support.faults import Fault, Figures
 from tests.support.paths import ROOT
 from tests.support.playbook import adhoc_argv, ansible_env, start_adhoc
 from tests.support.playbook import control_dir as cp_dir
@@ -117,19 +119,20 @@ def args(steps: list) -> dict:
     return {"tmux_session": "dflash", "ladder": steps, "lock_timeout": 30}
 
 
-POINTS = [pytest.param(cut, rung, "stubborn", id="%s-%s" % (cut, RUNGS[rung])) for cut in CUTS for rung in range(3)]
-POINTS.append(pytest.param("sshd_child_killed", 0, "slow_checkpoint", id="sshd_child_killed-SIGINT-slow_checkpoint"))
-POINTS += [pytest.param(FROZEN, rung, "stubborn", id="%s-%s" % (FROZEN, RUNGS[rung])) for rung in range(3)]
+RUNG_POINTS = [(cut, rung, "stubborn") for cut in CUTS for rung in range(3)]
+RUNG_POINTS.append(("sshd_child_killed", 0, "slow_checkpoint"))
+RUNG_POINTS += [(FROZEN, rung, "stubborn") for rung in range(3)]
 # last: a restart leaves the module's ``lab`` with the new sshd's PID (updated by the test), the cuts above use it
-POINTS += [pytest.param(RESTARTED, rung, "stubborn", id="%s-%s" % (RESTARTED, RUNGS[rung])) for rung in range(3)]
-POINTS += [pytest.param(DOWN_KILLED, rung, "stubborn", id="%s-%s" % (DOWN_KILLED, RUNGS[rung])) for rung in range(3)]
+RUNG_POINTS += [(RESTARTED, rung, "stubborn") for rung in range(3)]
+RUNG_POINTS += [(DOWN_KILLED, rung, "stubborn") for rung in range(3)]
+# (cut, rung, trainer, id)
+POINTS = [(cut, rung, behaviour, "%s-%s%s" % (cut, RUNGS[rung], "" if behaviour == "stubborn" else "-" + behaviour))
+          for cut, rung, behaviour in RUNG_POINTS]
 # CI: every cut kind once, the three rungs spread over them (SIGINT: master killed, daemon down; SIGTERM: sshd
 # child killed, as in the incident, and the restart; SIGKILL: the frozen child), and the mid-save point.
 # GPUOPS_FAULTS_FULL=1 runs every kind in every rung.
 CI_POINTS = ("master_killed-SIGINT", "sshd_child_killed-SIGTERM", "sshd_child_killed-SIGINT-slow_checkpoint",
              FROZEN + "-SIGKILL", RESTARTED + "-SIGTERM", DOWN_KILLED + "-SIGINT")
-if not FULL:
-    POINTS = [point for point in POINTS if point.id in CI_POINTS]
 
 
 @pytest.fixture(scope="module")
@@ -263,193 +266,309 @@ def down_and_master_killed(lab: dict, run: subprocess.Popen, control_dir: str, s
     return cut_wall, out, detected_in, probe_out, probe_s, restarted, master
 
 
-@pytest.mark.parametrize("cut, rung, behaviour", POINTS)
-def test_link_cut_during_each_rung(lab, figures, tmp_path, cut, rung, behaviour):
-    name = "%s (%s) during the %s rung, %s trainer" % (
-        "host sshd restarted" if cut == RESTARTED else "link cut", cut, RUNGS[rung], behaviour)
-    catchable = behaviour != "stubborn"
-    steps = ladder(SAVE_S + 10 if catchable else RUNG_S)  # the save fits in the first rung
-    ladder_s = sum(s["timeout"] for s in steps)
-    control_dir = str(cp_dir(tmp_path))
-    env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
-    frozen: list = []
-    restarted: dict = {}
-    finished_in = detected_in = 0.0  # the restart point's and the cut points' figures (set by their branch)
-    probe_out, probe_s = "", 0.0  # the down point's probe of a new connection
-    job, decoys_before = trainer_up(lab, behaviour)
-    watch = host_trainer_pids(lab)
-    assert watch, "no trainer process seen on the host"
-    with lab_support.lab_lock(lab):
-        # the role's run lock: these ad-hoc runs never take it; one left by another suite's killed play is not ours
-        lock_before = ct200.lock_holder(lab)
-        since = time.time() - 1
-        run = adhoc(env, args(steps))
-        try:
-            record = ladder_running(lab, since)
-            if cut == DOWN_KILLED:  # the daemon goes down ahead of the cut moment, the master dies at it
-                figures.injected(name)
-                cut_wall, out, detected_in, probe_out, probe_s, restarted, master = down_and_master_killed(
-                    lab, run, control_dir, steps, record, rung, watch)
-            else:
-                wait_for_cut_moment(lab, record, rung, steps, watch)
-                cut_wall = time.time()
-                if cut == RESTARTED:
-                    figures.injected(name)
-                    out, finished_in, restarted, master, serving = restart_during_run(
-                        lab, run, control_dir, ladder_s + SLACK_S)
-                else:
-                    master = cut_link(lab, cut, control_dir, frozen)
-                    figures.injected(name)
-                    cut_at = time.monotonic()
-                    out, _err = run.communicate(timeout=DETECT_BOUND_S + SLACK_S)
-                    detected_in = time.monotonic() - cut_at
-        finally:
-            if run.poll() is None:
-                run.kill()
-                run.wait()
-            end_frozen(frozen)
+@dataclass
+class Link:
+    """A point's context: the ansible run of ``training_stop`` under way (its ladder running), what the point cuts
+    and when, and what was there before it."""
 
-        state, result = result_of(out)
-        if cut == RESTARTED:
-            # the established connection carries the run to its end: the ladder's real result, in its bound
-            figures.wait("run ended after the host's sshd restart (the ladder's own end)", finished_in,
-                         ladder_s + SLACK_S)
-            assert state == "CHANGED" and run.returncode == 0, out
-            assert result["stopped_by"] == "SIGKILL", result
-            assert [r["signal"] for r in result["rungs"]] == list(RUNGS), result
-            # the same master, on the same session processes, which outlived their listener
-            assert master_pid(control_dir)[1] == master
-            assert not [p for p in serving if gone(p)], (serving, restarted)
+    lab: dict
+    figures: Figures
+    cut: str
+    rung: int
+    behaviour: str
+    steps: list
+    control_dir: str
+    env: dict
+    job: set
+    decoys_before: set
+    watch: list
+    lock_before: object = None
+    since: float = 0.0
+    run: Optional[subprocess.Popen] = None
+    record: dict = field(default_factory=dict)
+    frozen: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return "%s (%s) during the %s rung, %s trainer" % (
+            "host sshd restarted" if self.cut == RESTARTED else "link cut", self.cut, RUNGS[self.rung], self.behaviour)
+
+    @property
+    def ladder_s(self) -> float:
+        return sum(s["timeout"] for s in self.steps)
+
+
+@dataclass
+class Landed:
+    """What a point's injector saw: the run's output, the cut moment, the control master, and per kind the
+    detection time, the restart's facts, the sshd processes serving the master, the new connection's attempt."""
+
+    out: str
+    cut_wall: float
+    master: int
+    detected_in: float = 0.0
+    finished_in: float = 0.0
+    restarted: dict = field(default_factory=dict)
+    serving: list = field(default_factory=list)
+    probe_out: str = ""
+    probe_s: float = 0.0
+
+
+def end_run(ctx: Link) -> None:
+    """After the injection: the ansible run ended (killed if it still runs), the point's frozen sshd processes
+    killed (once: a PID may be reused after its process is reaped)."""
+    if ctx.run is not None and ctx.run.poll() is None:
+        ctx.run.kill()
+        ctx.run.wait()
+    end_frozen(ctx.frozen)
+    ctx.frozen.clear()
+
+
+def link_cut(ctx: Link) -> Landed:
+    """The injector of the cuts (the master killed, the sshd child killed or frozen) at the point's cut moment."""
+    try:
+        wait_for_cut_moment(ctx.lab, ctx.record, ctx.rung, ctx.steps, ctx.watch)
+        cut_wall = time.time()
+        master = cut_link(ctx.lab, ctx.cut, ctx.control_dir, ctx.frozen)
+        cut_at = time.monotonic()
+        out, _err = ctx.run.communicate(timeout=DETECT_BOUND_S + SLACK_S)
+        return Landed(out, cut_wall, master, detected_in=time.monotonic() - cut_at)
+    finally:
+        end_run(ctx)
+
+
+def sshd_restarted(ctx: Link) -> Landed:
+    """The injector of the restart: the host's sshd restarted (KillMode=process) at the point's cut moment."""
+    try:
+        wait_for_cut_moment(ctx.lab, ctx.record, ctx.rung, ctx.steps, ctx.watch)
+        cut_wall = time.time()
+        out, finished_in, restarted, master, serving = restart_during_run(
+            ctx.lab, ctx.run, ctx.control_dir, ctx.ladder_s + SLACK_S)
+        return Landed(out, cut_wall, master, finished_in=finished_in, restarted=restarted, serving=serving)
+    finally:
+        end_run(ctx)
+
+
+def sshd_down_master_killed(ctx: Link) -> Landed:
+    """The injector of the down point: the daemon goes down ahead of the cut moment, the master dies at it."""
+    try:
+        cut_wall, out, detected_in, probe_out, probe_s, restarted, master = down_and_master_killed(
+            ctx.lab, ctx.run, ctx.control_dir, ctx.steps, ctx.record, ctx.rung, ctx.watch)
+        return Landed(out, cut_wall, master, detected_in=detected_in, restarted=restarted, probe_out=probe_out,
+                      probe_s=probe_s)
+    finally:
+        end_run(ctx)
+
+
+def run_outcome(ctx: Link, landed: Landed) -> None:
+    """The ansible run's own end: after a restart the ladder's real result through the connection that outlived it;
+    after a cut a fast UNREACHABLE naming the dead connection; with the daemon down a new connection refused."""
+    figures, out, cut = ctx.figures, landed.out, ctx.cut
+    state, result = result_of(out)
+    if cut == RESTARTED:
+        # the established connection carries the run to its end: the ladder's real result, in its bound
+        figures.wait("run ended after the host's sshd restart (the ladder's own end)", landed.finished_in,
+                     ctx.ladder_s + SLACK_S)
+        assert state == "CHANGED" and ctx.run.returncode == 0, out
+        assert result["stopped_by"] == "SIGKILL", result
+        assert [r["signal"] for r in result["rungs"]] == list(RUNGS), result
+        # the same master, on the same session processes, which outlived their listener
+        assert master_pid(ctx.control_dir)[1] == landed.master
+        assert not [p for p in landed.serving if gone(p)], (landed.serving, landed.restarted)
+    else:
+        figures.wait("dead link detected (ansible run ended after the cut)", landed.detected_in,
+                     DETECT_BOUND_S + SLACK_S)
+        # the play fails fast, naming the dead connection
+        assert state == "UNREACHABLE!" and ctx.run.returncode != 0, out
+        if cut in ("master_killed", DOWN_KILLED):
+            assert "control master" in result["msg"] and "went away" in result["msg"], result
         else:
-            figures.wait("dead link detected (ansible run ended after the cut)", detected_in, DETECT_BOUND_S + SLACK_S)
-            # the play fails fast, naming the dead connection
-            assert state == "UNREACHABLE!" and run.returncode != 0, out
-            if cut in ("master_killed", DOWN_KILLED):
-                assert "control master" in result["msg"] and "went away" in result["msg"], result
-            else:
-                assert "the SSH connection died" in result["msg"], result
-            if cut == FROZEN:
-                assert "answered no keepalive" in result["msg"], result
-        if cut == DOWN_KILLED:
-            # a new connection while nobody listens: pct_ssh's unreachable message, at once
-            figures.wait("new connection refused while the host's sshd was down", probe_s, CONNECT_BOUND_S + SLACK_S)
-            probe_state, probe_result = result_of(probe_out)
-            assert probe_state == "UNREACHABLE!", probe_out
-            assert "pct_ssh: cannot reach the Proxmox VE host 127.0.0.1:%d" % lab["port"] in probe_result["msg"]
-            assert "that sshd listens there" in probe_result["msg"], probe_result
-            assert restarted["down_s"] >= DOWN_S - 0.5, restarted
+            assert "the SSH connection died" in result["msg"], result
+        if cut == FROZEN:
+            assert "answered no keepalive" in result["msg"], result
+    if cut == DOWN_KILLED:
+        # a new connection while nobody listens: pct_ssh's unreachable message, at once
+        figures.wait("new connection refused while the host's sshd was down", landed.probe_s,
+                     CONNECT_BOUND_S + SLACK_S)
+        probe_state, probe_result = result_of(landed.probe_out)
+        assert probe_state == "UNREACHABLE!", landed.probe_out
+        assert "pct_ssh: cannot reach the Proxmox VE host 127.0.0.1:%d" % ctx.lab["port"] in probe_result["msg"]
+        assert "that sshd listens there" in probe_result["msg"], probe_result
+        assert landed.restarted["down_s"] >= DOWN_S - 0.5, landed.restarted
 
-        # the ladder finishes on its own and leaves its result
-        left_s = ladder_s + 30
-        wait_for(lambda: not ct200.trainer_pids(lab), left_s, "the ladder to finish the job on its own")
-        record = wait_for(lambda: my_record(lab, since).get("state") in ("done", "failed") and my_record(lab, since),
-                          30, "the ladder's record")
-        if cut != RESTARTED:  # the down point looks only after the gap: its record says when the ladder ended
-            ended = record["finished"] if cut == DOWN_KILLED else time.time()
-            figures.wait("ladder finished after the cut (%s trainer)" % behaviour, ended - cut_wall, left_s)
-        assert record["state"] == "done", record
-        climbed = [r["signal"] for r in record["rungs"]]
-        if catchable:
-            assert record["stopped_by"].startswith("SIGINT") and climbed == ["SIGINT"], record
-        else:
-            assert record["stopped_by"] == "SIGKILL" and climbed == list(RUNGS), record
-        # the cut landed in the rung this point names (rung times from the record: sent_at is per ladder)
-        sent = [record["started"] + r["sent_at"] - record["rungs"][0]["sent_at"] for r in record["rungs"]]
-        assert cut_wall >= sent[rung] - 0.25, (cut_wall, sent, record)
-        if rung + 1 < len(sent):
-            assert cut_wall < sent[rung + 1], (cut_wall, sent, record)
-        assert record["stopped_count"] >= len(job)
-        assert not stopped_states(lab, ct200.trainer_pids(lab))
-        if cut in ("sshd_child_killed", FROZEN):  # the master stays behind its dead connection at most DEAD_DRAIN_S
-            wait_for(lambda: gone(master), _pct_ssh.DEAD_DRAIN_S + 5, "the control master to exit")
 
-        # the plain re-run reports what the (detached) ladder did; a second one changes nothing
-        rerun = adhoc(env, args(steps))
-        out, _err = rerun.communicate(timeout=300)
-        state, result = result_of(out)
-        assert state == "SUCCESS" and not result["changed"] and result["selected"] == [], out
-        assert result["previous"]["pid"] == record["pid"] and result["previous"]["stopped_by"] == record["stopped_by"]
-        note = [n for n in result["notes"] if n.startswith("nothing selected now; ")]
-        assert note and "stopped the job with %s" % record["stopped_by"] in note[0], result
-        assert "training_stop pid %d" % record["pid"] in note[0], result
-        if cut == RESTARTED:  # through the connection that outlived the restart
-            assert master_pid(control_dir)[1] == master and not [p for p in serving if gone(p)]
-        elif cut == DOWN_KILLED:  # a new master, through the listener that came back
-            assert sshd_serves(lab, control_dir, restarted["new_pid"])
-        # the second re-run: with a fresh master after a restart, so through the new listener
-        second_dir = control_dir + "2" if cut == RESTARTED else control_dir
-        again = adhoc(ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=second_dir), args(steps))
-        out, _err = again.communicate(timeout=300)
-        state, result = result_of(out)
-        assert state == "SUCCESS" and not result["changed"] and result["selected"] == [] and result["rungs"] == [], out
-        if cut == RESTARTED:
-            assert sshd_serves(lab, second_dir, restarted["new_pid"])
-        for each in (control_dir, second_dir, control_dir + "3"):
-            stop_masters(each)
+def ladder_finished_on_its_own(ctx: Link, landed: Landed) -> dict:
+    """The ladder finishes on its own, in the rung the point names, and leaves its result; its record."""
+    lab, cut, rung = ctx.lab, ctx.cut, ctx.rung
+    left_s = ctx.ladder_s + 30
+    wait_for(lambda: not ct200.trainer_pids(lab), left_s, "the ladder to finish the job on its own")
+    record = wait_for(lambda: my_record(lab, ctx.since).get("state") in ("done", "failed")
+                      and my_record(lab, ctx.since), 30, "the ladder's record")
+    if cut != RESTARTED:  # the down point looks only after the gap: its record says when the ladder ended
+        ended = record["finished"] if cut == DOWN_KILLED else time.time()
+        ctx.figures.wait("ladder finished after the cut (%s trainer)" % ctx.behaviour, ended - landed.cut_wall,
+                         left_s)
+    assert record["state"] == "done", record
+    climbed = [r["signal"] for r in record["rungs"]]
+    if ctx.behaviour != "stubborn":
+        assert record["stopped_by"].startswith("SIGINT") and climbed == ["SIGINT"], record
+    else:
+        assert record["stopped_by"] == "SIGKILL" and climbed == list(RUNGS), record
+    # the cut landed in the rung this point names (rung times from the record: sent_at is per ladder)
+    sent = [record["started"] + r["sent_at"] - record["rungs"][0]["sent_at"] for r in record["rungs"]]
+    assert landed.cut_wall >= sent[rung] - 0.25, (landed.cut_wall, sent, record)
+    if rung + 1 < len(sent):
+        assert landed.cut_wall < sent[rung + 1], (landed.cut_wall, sent, record)
+    assert record["stopped_count"] >= len(ctx.job)
+    assert not stopped_states(lab, ct200.trainer_pids(lab))
+    if cut in ("sshd_child_killed", FROZEN):  # the master stays behind its dead connection at most DEAD_DRAIN_S
+        wait_for(lambda: gone(landed.master), _pct_ssh.DEAD_DRAIN_S + 5, "the control master to exit")
+    return record
 
+
+def reruns_report_the_ladder(ctx: Link, landed: Landed, record: dict) -> None:
+    """The plain re-run reports what the (detached) ladder did; a second one changes nothing."""
+    lab, cut, control_dir, steps = ctx.lab, ctx.cut, ctx.control_dir, ctx.steps
+    rerun = adhoc(ctx.env, args(steps))
+    out, _err = rerun.communicate(timeout=300)
+    state, result = result_of(out)
+    assert state == "SUCCESS" and not result["changed"] and result["selected"] == [], out
+    assert result["previous"]["pid"] == record["pid"] and result["previous"]["stopped_by"] == record["stopped_by"]
+    note = [n for n in result["notes"] if n.startswith("nothing selected now; ")]
+    assert note and "stopped the job with %s" % record["stopped_by"] in note[0], result
+    assert "training_stop pid %d" % record["pid"] in note[0], result
+    if cut == RESTARTED:  # through the connection that outlived the restart
+        assert master_pid(control_dir)[1] == landed.master and not [p for p in landed.serving if gone(p)]
+    elif cut == DOWN_KILLED:  # a new master, through the listener that came back
+        assert sshd_serves(lab, control_dir, landed.restarted["new_pid"])
+    # the second re-run: with a fresh master after a restart, so through the new listener
+    second_dir = control_dir + "2" if cut == RESTARTED else control_dir
+    again = adhoc(ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=second_dir), args(steps))
+    out, _err = again.communicate(timeout=300)
+    state, result = result_of(out)
+    assert state == "SUCCESS" and not result["changed"] and result["selected"] == [] and result["rungs"] == [], out
+    if cut == RESTARTED:
+        assert sshd_serves(lab, second_dir, landed.restarted["new_pid"])
+    for each in (control_dir, second_dir, control_dir + "3"):
+        stop_masters(each)
+
+
+def the_link_point_holds(ctx: Link, landed: Landed) -> dict:
+    """The check of every point (what tests/faults/README.md says must happen); the decoys wrongly signalled."""
+    lab = ctx.lab
+    run_outcome(ctx, landed)
+    reruns_report_the_ladder(ctx, landed, ladder_finished_on_its_own(ctx, landed))
     # nothing outside the job signalled; the job only by the rungs, each at most once
-    wrong = wrongly_signalled(lab, decoys_before)
-    assert wrong == 0, "%s: decoys signalled, gone or stopped (before: %s)" % (name, sorted(decoys_before))
-    for pid, (role, signals) in job_signals(lab, job).items():
-        assert set(signals) <= RUNG_SIGNALS, "%s: %s %d got %s" % (name, role, pid, signals)
+    wrong = wrongly_signalled(lab, ctx.decoys_before)
+    assert wrong == 0, "%s: decoys signalled, gone or stopped (before: %s)" % (ctx.name, sorted(ctx.decoys_before))
+    for pid, (role, signals) in job_signals(lab, ctx.job).items():
+        assert set(signals) <= RUNG_SIGNALS, "%s: %s %d got %s" % (ctx.name, role, pid, signals)
         forward = 1 if role.startswith("worker") else 0  # the launcher's SIGTERM to its workers
         assert signals.count("SIGINT") <= 1 and signals.count("SIGTERM") <= 1 + forward, (role, signals)
-    assert checkpoint_ok(lab), "%s: a checkpoint does not verify" % name
+    assert checkpoint_ok(lab), "%s: a checkpoint does not verify" % ctx.name
     assert not [a for a in ct200.ct_processes(lab).values() if "training_stop" in a or "AnsiballZ" in a]
-    assert ct200.lock_holder(lab) in (None, lock_before)
-    figures.survived(name, wrongly_signalled=wrong)
+    assert ct200.lock_holder(lab) in (None, ctx.lock_before)
+    return {"wrongly_signalled": wrong}
+
+
+INJECTORS = {"master_killed": link_cut, "sshd_child_killed": link_cut, FROZEN: link_cut,
+             RESTARTED: sshd_restarted, DOWN_KILLED: sshd_down_master_killed}
+FAULTS = [Fault(cut, "%s rung, %s trainer" % (RUNGS[rung], behaviour), INJECTORS[cut], the_link_point_holds,
+                at={"cut": cut, "rung": rung, "behaviour": behaviour}, ci=point_id in CI_POINTS)
+          for cut, rung, behaviour, point_id in POINTS]
+
+
+@pytest.mark.parametrize("row", faults.table(FAULTS))
+def test_link_cut_during_each_rung(lab, figures, tmp_path, row):
+    cut, rung, behaviour = row.at["cut"], row.at["rung"], row.at["behaviour"]
+    catchable = behaviour != "stubborn"
+    control_dir = str(cp_dir(tmp_path))
+    job, decoys_before = trainer_up(lab, behaviour)
+    ctx = Link(lab, figures, cut, rung, behaviour, ladder(SAVE_S + 10 if catchable else RUNG_S),  # the save fits
+               control_dir, ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir), job, decoys_before,
+               host_trainer_pids(lab))
+    assert ctx.watch, "no trainer process seen on the host"
+    with lab_support.lab_lock(lab):
+        # the role's run lock: these ad-hoc runs never take it; one left by another suite's killed play is not ours
+        ctx.lock_before = ct200.lock_holder(lab)
+        ctx.since = time.time() - 1
+        ctx.run = adhoc(ctx.env, args(ctx.steps))
+        try:
+            ctx.record = ladder_running(lab, ctx.since)
+            faults.run(figures, row, ctx)
+        finally:
+            end_run(ctx)
 
 
 # ---------------------------------------------------------------- the controller dies, its worker must follow
 
-def test_controller_process_group_killed_during_the_sigterm_rung(lab, figures, tmp_path):
+def group_killed_in_the_sigterm_rung(ctx: Link) -> tuple:
+    """The injector: ``ansible``'s process group SIGKILLed CUT_INTO_S into the SIGTERM rung, while its worker waits
+    on the ladder; (the workers it had then, when the kill landed)."""
+    run = ctx.run
+    try:
+        time.sleep(max(0.0, ctx.record["started"] + ctx.steps[0]["timeout"] + CUT_INTO_S - time.time()))
+        workers = controller_tree(run.pid)
+        assert workers, "no worker under ansible (pid %d) while its task runs" % run.pid
+        os.killpg(run.pid, signal.SIGKILL)  # the group only: the setsid'd workers are not in it
+        killed_at = time.monotonic()
+        run.wait(30)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    return workers, killed_at
+
+
+def workers_follow_their_controller(ctx: Link, landed: tuple) -> dict:
+    """No worker of the run survives past the bound; the ladder finishes on its own and the re-run reports it;
+    nothing outside the run signalled."""
+    lab, steps, (workers, killed_at) = ctx.lab, ctx.steps, landed
+    workers_gone_within_bound(workers)
+    ctx.figures.wait("worker gone after its controller was killed", time.monotonic() - killed_at, WORKER_EXIT_BOUND_S)
+    wait_for(lambda: not ct200.trainer_pids(lab), sum(s["timeout"] for s in steps) + 30,
+             "the ladder to finish the job on its own")
+    record = wait_for(lambda: my_record(lab, ctx.since).get("state") in ("done", "failed") and my_record(lab, ctx.since),
+                      30, "the ladder's record")
+    assert record["state"] == "done" and record["stopped_by"] == "SIGKILL", record
+    rerun = adhoc(ctx.env, args(steps))
+    out, _err = rerun.communicate(timeout=300)
+    state, result = result_of(out)
+    assert state == "SUCCESS" and not result["changed"] and result["selected"] == [], out
+    assert result["previous"]["pid"] == record["pid"] and result["previous"]["stopped_by"] == "SIGKILL", result
+    stop_masters(ctx.control_dir)
+    wrong = wrongly_signalled(lab, ctx.decoys_before)
+    assert wrong == 0
+    for pid, (role, signals) in job_signals(lab, ctx.job).items():
+        assert set(signals) <= RUNG_SIGNALS, (role, pid, signals)
+    assert checkpoint_ok(lab)
+    assert ct200.lock_holder(lab) is None
+    return {"wrongly_signalled": wrong}
+
+
+CONTROLLER = [Fault("ansible SIGKILLed (process group only)", "SIGTERM rung, stubborn trainer",
+                    group_killed_in_the_sigterm_rung, workers_follow_their_controller)]
+
+
+@pytest.mark.parametrize("row", faults.table(CONTROLLER))
+def test_controller_process_group_killed_during_the_sigterm_rung(lab, figures, tmp_path, row):
     """``ansible`` SIGKILLed (its process group only, as ``kill -9 -PGID`` or a cancelled job does) while its
     worker waits on the ladder: ansible-core 2.19's workers setsid out of that group, so only the kernel's
-    parent-death signal (pct_ssh asks for it in the worker) ends them. No worker of the run survives past
-    the bound; the ladder finishes on its own and the re-run reports it; nothing outside the run signalled."""
-    name = "ansible SIGKILLed (process group only) during the SIGTERM rung, stubborn trainer"
+    parent-death signal (pct_ssh asks for it in the worker) ends them."""
     # a long SIGTERM rung: the task goes on ORPHAN_RUNG_S - CUT_INTO_S after the kill, longer than the bound, so
     # a worker that merely finishes its task (as an untied one does, then fails to report) does not pass
     steps = ladder()
     steps[1] = dict(steps[1], timeout=ORPHAN_RUNG_S)
     assert ORPHAN_RUNG_S - CUT_INTO_S > WORKER_EXIT_BOUND_S + 3
     control_dir = str(cp_dir(tmp_path))
-    env = ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir)
     job, decoys_before = trainer_up(lab, "stubborn")
+    ctx = Link(lab, figures, "process group", 1, "stubborn", steps, control_dir,
+               ansible_env(ANSIBLE_PCT_SSH_CONTROL_PATH_DIR=control_dir), job, decoys_before, [])
     with lab_support.lab_lock(lab):
-        since = time.time() - 1
-        run = start_adhoc_in_group(env, args(steps))
+        ctx.since = time.time() - 1
+        ctx.run = start_adhoc_in_group(ctx.env, args(steps))
         try:
-            record = ladder_running(lab, since)
-            time.sleep(max(0.0, record["started"] + steps[0]["timeout"] + CUT_INTO_S - time.time()))
-            workers = controller_tree(run.pid)
-            assert workers, "no worker under ansible (pid %d) while its task runs" % run.pid
-            os.killpg(run.pid, signal.SIGKILL)  # the group only: the setsid'd workers are not in it
-            figures.injected(name)
-            killed_at = time.monotonic()
-            run.wait(30)
+            ctx.record = ladder_running(lab, ctx.since)
+            faults.run(figures, row, ctx)
         finally:
-            if run.poll() is None:
-                os.killpg(run.pid, signal.SIGKILL)
-                run.wait()
-        workers_gone_within_bound(workers)
-        figures.wait("worker gone after its controller was killed", time.monotonic() - killed_at, WORKER_EXIT_BOUND_S)
-
-        wait_for(lambda: not ct200.trainer_pids(lab), sum(s["timeout"] for s in steps) + 30,
-                 "the ladder to finish the job on its own")
-        record = wait_for(lambda: my_record(lab, since).get("state") in ("done", "failed") and my_record(lab, since),
-                          30, "the ladder's record")
-        assert record["state"] == "done" and record["stopped_by"] == "SIGKILL", record
-        rerun = adhoc(env, args(steps))
-        out, _err = rerun.communicate(timeout=300)
-        state, result = result_of(out)
-        assert state == "SUCCESS" and not result["changed"] and result["selected"] == [], out
-        assert result["previous"]["pid"] == record["pid"] and result["previous"]["stopped_by"] == "SIGKILL", result
-        stop_masters(control_dir)
-    wrong = wrongly_signalled(lab, decoys_before)
-    assert wrong == 0
-    for pid, (role, signals) in job_signals(lab, job).items():
-        assert set(signals) <= RUNG_SIGNALS, (role, pid, signals)
-    assert checkpoint_ok(lab)
-    assert ct200.lock_holder(lab) is None
-    figures.survived(name, wrongly_signalled=wrong)
+            end_run(ctx)

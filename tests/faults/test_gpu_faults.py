@@ -11,13 +11,41 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import pytest
 from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file
 
+from tests.support import faults
+from tests.support.faults import Fault
 from tests.support.paths import COLLECTIONS
 
 MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.gpu_free_wait"
+
+pytestmark = pytest.mark.timeout(120)
+
+TIMEOUT = 8  # the wait's own bound (one nvidia-smi call is bounded by the wait's time left)
+# what the module documents: calls are cut to end by TIMEOUT into the wait, each still gets at least 0.5 s,
+# so a hung driver can hold the wait past TIMEOUT by that 0.5 s and the sample's own handling
+WAIT_BOUND_S = TIMEOUT + 1
+MID_WAIT_S = 1.5  # the point: several samples taken with GPU 3 held
+
+
+@dataclass
+class Wait:
+    """One point's context: the fake GPUs, a scratch directory, the ledger."""
+
+    fake: FakeGpus
+    tmp_path: object
+    figures: faults.Figures
+
+
+@dataclass(frozen=True)
+class Result:
+    """What the wait returned (its JSON result) and how long the module process ran."""
+
+    out: dict
+    waited: float
 
 
 def module_cmd(fake, tmp_path, **args) -> list:
@@ -28,12 +56,58 @@ def module_cmd(fake, tmp_path, **args) -> list:
     return [sys.executable, "-m", MODULE, path]
 
 
-pytestmark = pytest.mark.timeout(120)
+def mid_wait(**mode):
+    """The injector: the fake driver switched to MODE once the wait has sampled MID_WAIT_S with GPU 3 held."""
 
-TIMEOUT = 8  # the wait's own bound (one nvidia-smi call is bounded by the wait's time left)
-# what the module documents: calls are cut to end by TIMEOUT into the wait, each still gets at least 0.5 s,
-# so a hung driver can hold the wait past TIMEOUT by that 0.5 s and the sample's own handling
-WAIT_BOUND_S = TIMEOUT + 1
+    def inject(ctx: Wait) -> Result:
+        fake = ctx.fake
+        holder = fake.hold([3], mib=80000)
+        try:
+            t0 = time.monotonic()
+            proc = subprocess.Popen(module_cmd(fake, ctx.tmp_path, timeout=TIMEOUT, interval=0.2),
+                                    env=dict(fake.env, PYTHONPATH=str(COLLECTIONS)), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            time.sleep(MID_WAIT_S)
+            assert proc.poll() is None, "the wait ended before the fault"
+            fake.config(**mode)
+            out, _err = proc.communicate(timeout=TIMEOUT + 30)
+            return Result(json.loads(out[out.index("{"):]), time.monotonic() - t0)
+        finally:
+            fake.kill(holder)
+            fake.config(mode="ok")
+
+    return inject
+
+
+def within_bound(ctx: Wait, name: str, result: Result) -> None:
+    """The wait's own span (the module's elapsed, what its timeout bounds) held to its bound; the process start-up
+    and the result's printing around it are not the wait (about 0.3 s here)."""
+    ctx.figures.wait(name, result.out.get("elapsed", result.waited), WAIT_BOUND_S)
+
+
+def gpu_lost_reported(ctx: Wait, result: Result) -> None:
+    out = result.out
+    within_bound(ctx, "GPU lost during gpu_free_wait", result)
+    assert out["failed"] and out["free"] is False, out.get("msg")
+    assert "a GPU has fallen off the bus" in out["msg"] and "GPU is lost" in out["msg"], out["msg"]
+    assert result.waited < TIMEOUT / 2, f"the lost GPU was noticed only after {result.waited:.1f} s"
+    # the failure reports the samples it took and the time it waited
+    assert out["samples"] >= 2 and out["elapsed"] >= 1.0, out
+
+
+def hang_reported(ctx: Wait, result: Result) -> None:
+    out = result.out
+    within_bound(ctx, "driver hangs during gpu_free_wait", result)
+    assert out["failed"] and out["free"] is False, out
+    assert "did not answer within" in out["msg"] and "hung driver or lost GPU?" in out["msg"], out["msg"]
+    # one nvidia-smi call is bounded: the wait ends inside its timeout, process start-up included
+    assert result.waited <= WAIT_BOUND_S, f"the wait took {result.waited:.1f} s, its timeout is {TIMEOUT} s"
+
+
+FAULTS = [
+    Fault("a GPU falls off the bus", "mid-wait", mid_wait(mode="gpu_lost", lost_gpus=[3]), gpu_lost_reported),
+    Fault("the driver hangs", "mid-wait", mid_wait(mode="hang", hang_seconds=600), hang_reported),
+]
 
 
 @pytest.fixture
@@ -43,56 +117,6 @@ def fake(tmp_path):
     gpus.close()
 
 
-def wait_mid_fault(fake, tmp_path, figures, name: str, **mode) -> tuple[dict, float]:
-    holder = fake.hold([3], mib=80000)
-    try:
-        t0 = time.monotonic()
-        proc = subprocess.Popen(module_cmd(fake, tmp_path, timeout=TIMEOUT, interval=0.2),
-                                env=dict(fake.env, PYTHONPATH=str(COLLECTIONS)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.5)  # several samples with GPU 3 held
-        assert proc.poll() is None, "the wait ended before the fault"
-        fake.config(**mode)
-        if figures is not None:
-            figures.injected(name)
-        out, err = proc.communicate(timeout=TIMEOUT + 30)
-        waited = time.monotonic() - t0
-        result = json.loads(out[out.index("{"):])
-        if figures is not None:
-            # the wait's own span (the module's elapsed, what its timeout bounds); the process start-up and
-            # the result's printing around it are not the wait (about 0.3 s here)
-            figures.wait(name, result.get("elapsed", waited), WAIT_BOUND_S)
-        return result, waited
-    finally:
-        fake.kill(holder)
-        fake.config(mode="ok")
-
-
-def test_gpu_falls_off_the_bus_mid_wait(fake, tmp_path, figures):
-    name = "GPU lost during gpu_free_wait"
-    out, waited = wait_mid_fault(fake, tmp_path, figures, name, mode="gpu_lost", lost_gpus=[3])
-    assert out["failed"] and out["free"] is False, out.get("msg")
-    assert "a GPU has fallen off the bus" in out["msg"] and "GPU is lost" in out["msg"], out["msg"]
-    assert waited < TIMEOUT / 2, f"the lost GPU was noticed only after {waited:.1f} s"
-    figures.survived(name)
-
-
-def test_failure_mid_wait_reports_the_samples_it_took(fake, tmp_path):
-    out, waited = wait_mid_fault(fake, tmp_path, None, "GPU lost during gpu_free_wait (report)",
-                                 mode="gpu_lost", lost_gpus=[3])
-    assert out["samples"] >= 2 and out["elapsed"] >= 1.0, out
-
-
-def test_driver_hangs_mid_wait(fake, tmp_path, figures):
-    name = "driver hangs during gpu_free_wait"
-    out, waited = wait_mid_fault(fake, tmp_path, figures, name, mode="hang", hang_seconds=600)
-    assert out["failed"] and out["free"] is False, out
-    assert "did not answer within" in out["msg"] and "hung driver or lost GPU?" in out["msg"], out["msg"]
-    # one nvidia-smi call is bounded: the wait ends, never hangs (its exact bound: the test below)
-    assert waited < 2 * TIMEOUT + 2, f"a hung driver held the wait for {waited:.1f} s"
-    figures.survived(name)
-
-
-def test_driver_hang_keeps_the_wait_inside_its_timeout(fake, tmp_path):
-    out, waited = wait_mid_fault(fake, tmp_path, None, "driver hangs during gpu_free_wait (bound)",
-                                 mode="hang", hang_seconds=600)
-    assert waited <= WAIT_BOUND_S, f"the wait took {waited:.1f} s, its timeout is {TIMEOUT} s"
+@pytest.mark.parametrize("row", faults.table(FAULTS))
+def test_fault_mid_wait(row, fake, tmp_path, figures):
+    faults.run(figures, row, Wait(fake, tmp_path, figures))

@@ -23,13 +23,16 @@ Marked ``lab``: skipped with the reason when the lab is not up.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import pytest
 
+from tests.support import faults
 from tests.support import restore as way_back
 from tests.support.ct200 import lock_holder, trainer_pids
+from tests.support.faults import Fault, Figures
 from tests.support.paths import LAB_INVENTORY
-from tests.support.playbook import banners_until, kill_playbook, start_playbook
+from tests.support.playbook import start_playbook
 from tests.support.ssh import attach
 from tests.support.stop_faults import controller_running, read_lock
 from tests.support.wait import wait_for
@@ -50,7 +53,6 @@ STALE_LOCK_TAKEN = "took over a stale lock"
 START_TIMEOUT_S = 300
 RERUN_BOUND_S = START_TIMEOUT_S + 120
 KILL_BOUND_S = 600  # the killed run, from its start to the launch banner (the same work as the re-run's, minus the launch)
-FAULT = "restore: controller killed before the launch"
 
 
 def serving_units(status: dict) -> bool:
@@ -67,46 +69,53 @@ def task_of(banner: str) -> str:
     return banner.split(" : ", 1)[-1]
 
 
-def test_controller_killed_before_the_launch_then_a_plain_rerun_finishes_the_way_back(lab, figures):
-    status = lab
-    record = way_back.stopped_with_record(status)
-    ckpt = record["checkpoint"]
-    assert ckpt and ckpt["whole"] and ckpt["step"] % 5 == 0, record
-    serving = serving_units(status)
-    if serving:
+@dataclass
+class WayBack:
+    """The point's context: the lab, the ledger, and the job stopped by the stop half (its launch record)."""
+
+    lab: dict
+    figures: Figures
+    record: dict = field(default_factory=dict)
+    serving: bool = False
+
+
+def killed_at_the_launch(ctx: WayBack) -> int:
+    """The injector: the stop half stops the job (its record), serving runs when the container has it; then
+    ``restore_training.yml`` SIGKILLed whole the moment the launch banner is printed. The killed play's PID."""
+    status, figures = ctx.lab, ctx.figures
+    ctx.record = way_back.stopped_with_record(status)
+    ckpt = ctx.record["checkpoint"]
+    assert ckpt and ckpt["whole"] and ckpt["step"] % 5 == 0, ctx.record
+    ctx.serving = serving_units(status)
+    if ctx.serving:
         attach(status, "systemctl", "start", "--no-block", SERVING)
         # --no-block: the start job is queued, not yet run (bounded wait until systemd takes it up)
         wait_for(lambda: active(status, SERVING) in ("active", "activating"), 60, "%s started" % SERVING)
     figures.note("restore controller kill: serving before the restore",
-                 "%s started" % SERVING if serving else "no serving units in the container (data half not deployed)")
-
+                 "%s started" % SERVING if ctx.serving else "no serving units in the container (data half not deployed)")
     t0 = time.monotonic()
     proc = start_playbook(way_back.RESTORE_PLAYBOOK, LAB_INVENTORY, [RESTORE_VARS])
-    try:
-        seen = banners_until(proc, lambda banners: task_of(banners[-1]) == LAUNCH_TASK, timeout=KILL_BOUND_S)
-    finally:
-        kill_playbook(proc)
-    killed_s = time.monotonic() - t0
-    tail = proc.stdout.read() if proc.stdout else ""
-    names = [task_of(b) for b in seen]
-    assert names and names[-1] == LAUNCH_TASK, "the play ended before the launch banner: %s\n%s" % (
-        names[-5:], tail[-3000:])
-    assert "TASK [" not in tail and "PLAY RECAP" not in tail, "the play went on past the kill:\n%s" % tail[-2000:]
-    figures.injected(FAULT)
-    figures.note("restore controller kill: the killed run, start to kill (s)", round(killed_s, 1))
+    seen = faults.controller_killed(proc, lambda banners: task_of(banners[-1]) == LAUNCH_TASK, timeout=KILL_BOUND_S)
+    figures.note("restore controller kill: the killed run, start to kill (s)", round(time.monotonic() - t0, 1))
+    # the kill landed after the GPUs were proven free (the play goes on past that task only when it passed)
+    assert FREE_TASK in [task_of(b) for b in seen], seen
+    return proc.pid
 
-    # the kill landed after the GPUs were proven free (the play goes on past that task only when it passed)...
-    assert FREE_TASK in names, names
-    # ...and before any launch: no window, no trainer process, every fake GPU at its baseline
+
+def rerun_takes_over_and_trains(ctx: WayBack, killed_pid: int) -> None:
+    """Nothing launched and the dead run's lock left; a plain re-run takes the lock over and the job trains from
+    the record's checkpoint; a second re-run changes nothing."""
+    status, figures, record = ctx.lab, ctx.figures, ctx.record
+    # before any launch: no window, no trainer process, every fake GPU at its baseline
     assert "train" not in way_back.windows(status), way_back.windows(status)
     assert not trainer_pids(status)
     assert way_back.held_gpus(status) == []
-    if serving:
+    if ctx.serving:
         assert active(status, SERVING) == "inactive", active(status, SERVING)
     assert way_back.read_record(status) == record
     # the run lock: held by the dead run
     holder = read_lock(status)
-    assert holder is not None and int(holder.get("controller_pid") or 0) == proc.pid, holder
+    assert holder is not None and int(holder.get("controller_pid") or 0) == killed_pid, holder
     assert not controller_running(holder), holder
 
     t1 = time.monotonic()
@@ -115,7 +124,7 @@ def test_controller_killed_before_the_launch_then_a_plain_rerun_finishes_the_way
     figures.note("restore controller kill: the re-run (s)", round(rerun_s, 1))
     assert run.rc == 0, run.output[-6000:]
     figures.wait("restore re-run after the controller was killed before the launch", rerun_s, RERUN_BOUND_S)
-    way_back.trains_from(status, ckpt)
+    way_back.trains_from(status, record["checkpoint"])
     assert "training again in tmux session dflash" in way_back.summary_lines(run.output)
     assert lock_holder(status) is None
 
@@ -125,4 +134,11 @@ def test_controller_killed_before_the_launch_then_a_plain_rerun_finishes_the_way
     assert way_back.held_gpus(status) == way_back.ALL_GPUS
     # the dead run's lock was taken over (the re-run went on, and left the lock free): its output says so
     assert STALE_LOCK_TAKEN in " ".join(run.output.split()), run.output[-6000:]
-    figures.survived(FAULT)
+
+
+FAULTS = [Fault("restore: controller killed", "before the launch", killed_at_the_launch, rerun_takes_over_and_trains)]
+
+
+@pytest.mark.parametrize("row", faults.table(FAULTS))
+def test_controller_killed_then_a_plain_rerun_finishes_the_way_back(row, lab, figures):
+    faults.run(figures, row, WayBack(lab, figures))

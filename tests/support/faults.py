@@ -1,12 +1,21 @@
-"""The fault suite's figures ledger (tests/faults): what was injected, what survived, what was lost."""
+"""The fault suite's plumbing (tests/faults): the injection points (:class:`Fault`: a fault, a point, an
+assertion; :func:`run`, :func:`each`) and the figures ledger (:class:`Figures`: what was injected, what survived,
+what was lost)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import threading
 import time
-from typing import Any, Dict, List
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+
+import pytest
+
+from tests.support import playbook
 
 FIGURES = os.environ.get("GPUOPS_FAULTS_FIGURES", "/tmp/gpuops-faults-figures.json")
 # an xdist worker (one per lab lane) keeps its own file beside it; the controller merges them (merge)
@@ -102,3 +111,95 @@ class Figures:
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(data, fh, indent=1, sort_keys=True)
         os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- the injection points
+
+@dataclass(frozen=True)
+class Fault:
+    """One row of a fault table: a fault, the point where it lands, and what must hold after it.
+
+    ``inject(ctx)`` brings the run to the point, lands the fault there and returns what the check needs;
+    ``check(ctx, landed)`` asserts what must hold after it and returns the ledger's counts (``rows_lost``,
+    ``wrongly_signalled``) or None. ``at`` holds the point's parameters a test reads to set it up (a stage, a
+    rung, a trainer). CI runs the rows with ``ci``; ``GPUOPS_FAULTS_FULL=1`` runs them all. A fault file is a
+    table of these and one test that runs each row through :func:`run`: adding a fault is one row and its injector.
+    """
+
+    fault: str
+    point: str
+    inject: Callable[[Any], Any]
+    check: Callable[[Any, Any], Optional[Mapping[str, int]]]
+    at: Mapping[str, Any] = field(default_factory=dict)
+    ci: bool = True
+
+    @property
+    def name(self) -> str:
+        """The row's key in the figures ledger."""
+        return "%s: %s" % (self.fault, self.point)
+
+    @property
+    def id(self) -> str:
+        """The row's pytest id."""
+        return re.sub(r"[^A-Za-z0-9]+", "_", "%s-%s" % (self.fault, self.point)).strip("_")
+
+
+def table(rows: Sequence[Fault]) -> List[Any]:
+    """The ROWS this run takes (all in full mode, else those with ``ci``) as pytest params named by their ids."""
+    return [pytest.param(row, id=row.id) for row in rows if FULL or row.ci]
+
+
+def run(figures: Figures, row: Fault, ctx: Any) -> Any:
+    """Land ROW's fault at its point (its injector), then check what must hold after it; the ledger records it
+    injected, then survived with the check's counts, or failed with why (the AssertionError is raised on).
+    What the injector returned."""
+    try:
+        landed = row.inject(ctx)
+        figures.injected(row.name)
+        counts = row.check(ctx, landed) or {}
+    except AssertionError as exc:
+        figures.failed(row.name, str(exc))
+        raise
+    figures.survived(row.name, **counts)
+    return landed
+
+
+def each(figures: Figures, rows: Iterable[Fault], ctx: Any,
+         on_failure: Optional[Callable[[Fault], None]] = None) -> None:
+    """:func:`run` every one of ROWS in turn (a loop of points, read lazily: a generator may pick the next point
+    from what the last one showed). A point that fails does not stop the loop (ON_FAILURE(row) puts things back
+    for the next); at the end every failure is asserted at once."""
+    failures: List[str] = []
+    for row in rows:
+        try:
+            run(figures, row, ctx)
+        except AssertionError as exc:
+            failures.append(("%s: %s" % (row.name, exc))[:2000])
+            if on_failure is not None:
+                on_failure(row)
+    assert not failures, "\n\n".join(failures)
+
+
+# ---------------------------------------------------------------- the injectors several fault files share
+
+def controller_killed(proc: subprocess.Popen, done: Callable[[List[str]], bool], *, delay: float = 0.0,
+                      timeout: float = 300, with_workers: bool = True, before_kill: Optional[Callable[[], None]] = None,
+                      quiet_after: bool = True) -> List[str]:
+    """The controller lost: ``ansible-playbook`` PROC (:func:`playbook.start_playbook`) SIGKILLed whole (its process
+    group and, WITH_WORKERS, every descendant: ansible-core 2.19's workers ``setsid`` out of the group) DELAY s
+    after DONE(banners so far) holds, BEFORE_KILL() having run; the banners. AssertionError when the play ended
+    before the point or, with QUIET_AFTER, printed a task or its recap after it (the kill landed late)."""
+    try:
+        seen = playbook.banners_until(proc, done, timeout=timeout)
+        if done(seen):
+            time.sleep(delay)
+            if before_kill is not None:
+                before_kill()
+    finally:
+        playbook.kill_playbook(proc, with_workers)
+    if not done(seen) or quiet_after:  # not otherwise: a worker left out of the kill may hold the pipe a while
+        tail = proc.stdout.read() if proc.stdout else ""
+        assert done(seen), "the play ended after %d tasks, before the kill point: %s\n%s" % (
+            len(seen), seen[-5:], tail[-3000:])
+        assert "TASK [" not in tail and "PLAY RECAP" not in tail, "the play went on past the kill:\n%s" % tail[-2000:]
+    return seen

@@ -71,7 +71,6 @@ def rootfs_cache() -> str:
     return path
 
 
-
 def lxc(tool: str, vmid: str, *args: str) -> list[str]:
     return [tool, "-P", LXCPATH, "-n", vmid, *args]
 

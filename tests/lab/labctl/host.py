@@ -66,7 +66,6 @@ def save_state(state: dict) -> None:
     atomic_write(STATE_FILE, json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
-
 def proc_ref(pid: int) -> dict | None:
     start = _proc.read_starttime(pid)
     return None if start is None else {"pid": pid, "starttime": start}
@@ -153,7 +152,6 @@ def umount_under(path: str) -> None:
         run(["umount", "-l", mnt], timeout=30, check=False)
 
 
-
 class Lock:
     """One lab operation at a time (up/down/trainer); status never waits for it."""
 
@@ -177,7 +175,6 @@ class Lock:
 
     def __exit__(self, *exc) -> None:
         os.close(self.fd)
-
 
 
 NEEDED = {

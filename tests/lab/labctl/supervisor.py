@@ -66,7 +66,6 @@ def mntns_members(ns: str, mark: str | None = None) -> list[int]:
     return out
 
 
-
 class _Stop(Exception):
     pass
 
