@@ -98,7 +98,7 @@ def test_sums_on_the_controller(tmp_path):
 
 # --- the action, for real -------------------------------------------------------------------------------
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 
 def put(tmp_path: Path, files: list, *args: str, task: dict | None = None, json_results: bool = True):

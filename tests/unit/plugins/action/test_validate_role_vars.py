@@ -93,7 +93,7 @@ def validate(tmp_path: Path, host_vars: dict, task_vars: dict | None = None, *ar
     return run.rc, " ".join(run.stdout.split())
 
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
 
 def test_a_wrong_type_fails_in_one_line_with_the_value_and_the_fix(tmp_path):

@@ -13,6 +13,8 @@ from ansible_collections.gpuops.repurpose.plugins.filter.role_inputs import Filt
 
 uv_index_args = FilterModule().filters()["uv_index_args"]
 
+pytestmark = pytest.mark.processes  # pip config list, run for real
+
 
 def pip_config_list(**env: str) -> str:
     """What ``pip config list`` prints with no configuration file (PIP_CONFIG_FILE=/dev/null: pip loads none) and

@@ -22,6 +22,8 @@ FILTERS = FilterModule().filters()
 regex_errors = FILTERS["regex_errors"]
 unknown_variables = FILTERS["unknown_variables"]
 
+pytestmark = pytest.mark.processes  # ansible, run for real on localhost
+
 KNOWN = ["stop_training_tmux_session", "stop_training_match", "stop_training_exclude", "stop_training_vmid"]
 
 
