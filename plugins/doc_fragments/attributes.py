@@ -44,6 +44,20 @@ attributes:
       - gpuops.repurpose.pct
 """
 
+    # For modules that only read: nothing to predict in check mode, nothing to diff, nothing changed
+    INFO_MODULE = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    details: Reads only; runs the same in check mode.
+  diff_mode:
+    support: none
+  idempotent:
+    support: full
+    details: Reads only; changes nothing.
+"""
+
     # For modules with an action plugin that does part of the work on the controller
     ACTION = r"""
 options: {}
