@@ -161,11 +161,13 @@ def test_rmtree_refuses_foreign_paths(session):
         session.rmtree("/tmp")
 
 
-def test_no_sftp_subsystem_is_its_own_kind(sshd_nosftp):
+@pytest.mark.parametrize("transfer", ["mkdtemp", "get"])
+def test_no_sftp_subsystem_is_its_own_kind(sshd_nosftp, tmp_path, transfer):
+    """Both ways to SFTP (paramiko's client, and the download's own reads) say so: the plugin falls back to cat."""
     s = _pct_ssh.DirectSession(settings(sshd_nosftp)).connect()
     try:
         with pytest.raises(_pct_ssh.SessionError) as exc:
-            s.mkdtemp()
+            s.mkdtemp() if transfer == "mkdtemp" else s.get("/etc/hostname", str(tmp_path / "out"))
         assert exc.value.kind == "sftp_unavailable"
     finally:
         s.close()
