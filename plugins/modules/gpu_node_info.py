@@ -117,15 +117,8 @@ options:
 extends_documentation_fragment:
   - gpuops.repurpose.attributes
   - gpuops.repurpose.attributes.PLATFORM
+  - gpuops.repurpose.attributes.INFO_MODULE
 attributes:
-  check_mode:
-    support: full
-    details: Reads only; runs the same in check mode.
-  diff_mode:
-    support: none
-  idempotent:
-    support: full
-    details: Reads only; changes nothing.
   platform:
     support: full
     platforms: linux
