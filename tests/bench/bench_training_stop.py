@@ -42,9 +42,7 @@ import sys
 import textwrap
 import time
 
-from tests.support.paths import ROOT
-
-MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.training_stop"
+from tests.support.module import run_module
 
 TREE = textwrap.dedent("""
     import os, signal, subprocess, sys, time
@@ -124,13 +122,11 @@ class Tree:
         self.proc.wait(timeout=10)
 
 
-def run_module(args: dict) -> tuple[dict, float]:
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, ".collections"))
+def run_stop_module(args: dict) -> tuple[dict, float]:
+    """training_stop's result for ARGS and the wall time of its whole process."""
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": args})],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=120, check=False)
+    result = run_module("training_stop", args)
     wall = time.monotonic() - t0
-    result = json.loads(done.stdout)
     if result.get("failed"):
         raise SystemExit("module failed: %s" % result.get("msg"))
     return result, wall
@@ -172,7 +168,7 @@ def trial(workdir: str, scenario: str, args: argparse.Namespace) -> dict[str, fl
     out: dict[str, float] = {"rungs": climbed}
     tree = Tree(workdir, mode, args.workers, args.exit_delay)
     try:
-        result, wall = run_module({"pids": [tree.proc.pid], "ladder": ladder})
+        result, wall = run_stop_module({"pids": [tree.proc.pid], "ladder": ladder})
         assert not tree.alive() and result["stopped_by_index"] == climbed - 1, result
         known = tree.actual() if mode == "graceful" else 2 * args.rung
         rungs = result["rungs"]

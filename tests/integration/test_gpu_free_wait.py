@@ -1,15 +1,15 @@
 """gpu_free_wait run for real (as Ansible runs a module) against the fake GPUs and real holder processes.
 
 Host-side: each test has its own FAKEGPU_DIR with its driver daemon. The module
-runs as a real process (``python -m ...gpu_free_wait ARGS.json``, how Ansible
-executes it on a target) or through ``ansible localhost -m``; nothing in it is
+runs as a real process (tests/support/module.py, how Ansible executes it on a
+target) or through ``ansible localhost -m``; nothing in it is
 patched. The lab-marked test needs ``tests/lab/lab up``.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -18,16 +18,13 @@ import time
 
 import fakegpu
 import pytest
-from fakegpu_harness import NVIDIA_SMI, FakeGpus, module_args_file
+from fakegpu_harness import NVIDIA_SMI, FakeGpus
 
 from tests.support.lab import DECOY_CT, MAIN_CT, lab_status, trainer
-from tests.support.paths import COLLECTIONS
+from tests.support.module import module_command, module_env, module_result, run_module
 from tests.support.playbook import adhoc_json_result, run_adhoc
 from tests.support.procfs import cmdline_text, descendants
 from tests.support.wait import wait_for
-
-MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.gpu_free_wait"
-PYTHON = sys.executable
 
 
 @pytest.fixture
@@ -37,34 +34,27 @@ def fake(tmp_path):
     gpus.close()
 
 
-def module_cmd(fake, tmp_path, check=False, **args):
+def free_wait_args(fake, check=False, **args) -> dict:
+    """ARGS for gpu_free_wait against FAKE's GPUs (its nvidia-smi and device nodes unless given)."""
     args.setdefault("nvidia_smi_path", NVIDIA_SMI)
     args.setdefault("device_paths", [fake.device_glob])
     if check:
         args["_ansible_check_mode"] = True
-    path = module_args_file(str(tmp_path / ("args-%d.json" % time.monotonic_ns())), **args)
-    return [PYTHON, "-m", MODULE, path]
+    return args
 
 
-def module_env(fake):
-    return dict(fake.env, PYTHONPATH=str(COLLECTIONS))
+def module_cmd(fake, check=False, **args) -> list:
+    return module_command("gpu_free_wait", free_wait_args(fake, check=check, **args))
 
 
-def parse(proc_out: str) -> dict:
-    # the module prints exactly one JSON document
-    return json.loads(proc_out[proc_out.index("{"):])
-
-
-def run_module(fake, tmp_path, prefix=None, check=False, **args):
-    res = subprocess.run(list(prefix or []) + module_cmd(fake, tmp_path, check=check, **args), env=module_env(fake),
-                         capture_output=True, text=True, timeout=120, check=False)
-    out = parse(res.stdout)
-    assert (res.returncode != 0) == bool(out.get("failed")), res.stderr
+def run_free_wait(fake, check=False, **args) -> dict:
+    out = run_module("gpu_free_wait", free_wait_args(fake, check=check, **args), env=module_env(fake.env))
+    assert (out["rc"] != 0) == bool(out.get("failed")), out
     return out
 
 
 def test_already_free_is_ok_unchanged(fake, tmp_path):
-    out = run_module(fake, tmp_path, interval=0.1, timeout=10)
+    out = run_free_wait(fake, interval=0.1, timeout=10)
     assert out["free"] is True and out["changed"] is False and not out.get("failed")
     assert out["samples"] == 2  # stable_for default
     assert out["holders"] == [] and out["holders_before"] == []
@@ -84,15 +74,15 @@ def sampling_started(module_pid: int) -> bool:
 def test_release_after_delay_is_detected_within_one_interval(fake, tmp_path):
     holder = fake.hold([0, 1], mib=80000)
     interval = 0.2
-    proc = subprocess.Popen(module_cmd(fake, tmp_path, gpus=["0", "1"], interval=interval, stable_for=1, timeout=60),
-                            env=module_env(fake), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(module_cmd(fake, gpus=["0", "1"], interval=interval, stable_for=1, timeout=60),
+                            env=module_env(fake.env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # the release comes after the module has seen the holder (on a loaded machine its start-up alone can take
     # longer than the 0.5 s below), then after a few busy samples
     wait_for(lambda: sampling_started(proc.pid), 30, "the module's first sample", interval=0.002)
     time.sleep(0.5)
     fake.kill(holder)
     stdout, stderr = proc.communicate(timeout=60)
-    out = parse(stdout)
+    out = module_result(stdout, stderr, proc.returncode)
     assert out["free"] is True and out["changed"] is True, stderr
     hist = out["history"]
     assert [h["free"] for h in hist[-2:]] == [False, True] and not any(h["free"] for h in hist[:-1])
@@ -109,7 +99,7 @@ def test_release_after_delay_is_detected_within_one_interval(fake, tmp_path):
 
 def test_holder_that_never_exits_fails_naming_it(fake, tmp_path):
     holder = fake.hold([3], mib=80000)
-    out = run_module(fake, tmp_path, timeout=1, interval=0.2)
+    out = run_free_wait(fake, timeout=1, interval=0.2)
     assert out["failed"] and out["free"] is False
     msg = out["msg"]
     assert "GPU memory not released within 1.0 s" in msg and "GPU 3 80004 MiB" in msg
@@ -122,7 +112,7 @@ def test_holder_that_never_exits_fails_naming_it(fake, tmp_path):
 
 def test_check_mode_samples_once_and_reports(fake, tmp_path):
     holder = fake.hold([2], mib=40000)
-    out = run_module(fake, tmp_path, check=True, timeout=30)
+    out = run_free_wait(fake, check=True, timeout=30)
     assert not out.get("failed") and out["changed"] is False
     assert out["free"] is False and out["samples"] == 1 and "would wait up to 30.0 s" in out["msg"]
     assert [h["pid"] for h in out["holders"]] == [holder.pid]
@@ -148,14 +138,14 @@ def test_ignore_list_is_honoured(fake, tmp_path):
     xorg.parent.mkdir()
     xorg.symlink_to(sys.executable)
     x = fake.hold([2], mib=2000, argv0=str(xorg))
-    out = run_module(fake, tmp_path, gpus=["2"], timeout=5, interval=0.2)
+    out = run_free_wait(fake, gpus=["2"], timeout=5, interval=0.2)
     assert out["free"] is True and out["changed"] is False
     assert out["holders"] == []
     assert [(h["pid"], h["name"], h["ignored"]) for h in out["ignored_holders"]] == [
         (x.pid, "Xorg", "ignore_processes: Xorg")]
     g = out["gpus"][0]
     assert (g["memory_used_mib_after"], g["memory_counted_mib_after"]) == (2004, 4)  # Xorg's MiB discounted
-    out = run_module(fake, tmp_path, gpus=["2"], timeout=0.5, interval=0.2, ignore_processes=[])
+    out = run_free_wait(fake, gpus=["2"], timeout=0.5, interval=0.2, ignore_processes=[])
     assert out["failed"] and "pid %d Xorg" % x.pid in out["msg"]
 
 
@@ -171,19 +161,19 @@ def test_ignore_list_is_honoured(fake, tmp_path):
 ])
 def test_broken_backend_is_a_clear_failure(fake, tmp_path, mode, fragment):
     fake.config(mode=mode, lost_gpus=[2])
-    out = run_module(fake, tmp_path, timeout=5, interval=0.2)
+    out = run_free_wait(fake, timeout=5, interval=0.2)
     assert out["failed"] and out["free"] is False and out["samples"] == 0
     assert fragment in out["msg"], out["msg"]
 
 
 def test_hung_and_missing_nvidia_smi(fake, tmp_path):
-    out = run_module(fake, tmp_path, nvidia_smi_path=str(tmp_path / "nope" / "nvidia-smi"))
+    out = run_free_wait(fake, nvidia_smi_path=str(tmp_path / "nope" / "nvidia-smi"))
     assert out["failed"] and "is not an executable file" in out["msg"]
-    out = run_module(fake, tmp_path, backend="nvml")
+    out = run_free_wait(fake, backend="nvml")
     assert out["failed"] and "backend nvml" in out["msg"] and "use backend: auto or nvidia_smi" in out["msg"]
     fake.config(mode="hang", hang_seconds=60)
     # a short timeout still gives the call the per-call floor (5 s), and nothing more
-    out = run_module(fake, tmp_path, timeout=1)
+    out = run_free_wait(fake, timeout=1)
     assert out["failed"] and "did not answer within 5 s (hung driver or lost GPU?)" in out["msg"], out["msg"]
     assert out["elapsed"] < 5.5, out
 
@@ -196,7 +186,7 @@ def test_hung_and_missing_nvidia_smi(fake, tmp_path):
     (dict(container=5), "container must be a Proxmox VMID"),
 ])
 def test_bad_input_names_the_option(fake, tmp_path, args, fragment):
-    out = run_module(fake, tmp_path, timeout=2, **args)
+    out = run_free_wait(fake, timeout=2, **args)
     assert out["failed"] and fragment in out["msg"]
 
 
@@ -209,12 +199,12 @@ def can_unshare_pid() -> bool:
 @pytest.mark.skipif(not can_unshare_pid(), reason="needs root and unshare --pid (a container's PID namespace)")
 def test_blind_backend_still_finds_holders_through_proc(fake, tmp_path):
     """As inside an LXC container: nvidia-smi lists no processes, the /proc scan still names the holder."""
-    args = module_cmd(fake, tmp_path, timeout=0.6, interval=0.2)
+    args = module_cmd(fake, timeout=0.6, interval=0.2)
     script = ("%s %s hold --gpu 4 --mib 30000 >/dev/null & sleep 0.5; %s; kill $!"
-              % (sys.executable, fakegpu.__file__, " ".join(args)))
-    res = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script], env=module_env(fake),
-                         capture_output=True, text=True, timeout=60, check=False)
-    out = parse(res.stdout)
+              % (sys.executable, fakegpu.__file__, shlex.join(args)))
+    res = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "sh", "-c", script],
+                         env=module_env(fake.env), capture_output=True, text=True, timeout=60, check=False)
+    out = module_result(res.stdout, res.stderr, res.returncode)
     assert out["failed"] and out["gpus"][4]["memory_used_mib_after"] == 30004
     [holder] = out["holders"]
     assert holder["gpu"] == 4 and holder["used_mib"] is None  # the backend is blind here
@@ -248,12 +238,12 @@ def test_container_scope_on_the_host(fake, tmp_path):
 
     holder = fake.hold([6], mib=20000, preexec=enter)
     try:
-        out = run_module(fake, tmp_path, gpus=["6"], container=9200, timeout=5, interval=0.2)
+        out = run_free_wait(fake, gpus=["6"], container=9200, timeout=5, interval=0.2)
         assert out["free"] is True and out["holders"] == []
         assert [(h["pid"], h["container"], h["ignored"]) for h in out["ignored_holders"]] == [
             (holder.pid, 9201, "outside container 9200 (CT9201)")]
         assert out["gpus"][0]["memory_counted_mib_after"] == 4
-        out = run_module(fake, tmp_path, gpus=["6"], container=9201, timeout=0.5, interval=0.2)
+        out = run_free_wait(fake, gpus=["6"], container=9201, timeout=0.5, interval=0.2)
         assert out["failed"] and "pid %d" % holder.pid in out["msg"] and "in CT9201" in out["msg"]
     finally:
         fake.kill(holder, signal.SIGKILL)
@@ -273,11 +263,9 @@ def test_lab_ct201_holder_does_not_block_container_200(lab, tmp_path):
                              "hold", "--gpu", "3", "--mib", "20000"], stdout=subprocess.PIPE, text=True)
     try:
         assert hold.stdout.readline().startswith("holding")
-        env = dict(os.environ, FAKEGPU_DIR=fdir, PYTHONPATH=str(COLLECTIONS))
-        args = module_args_file(str(tmp_path / "a.json"), gpus=["3"], container=int(MAIN_CT), _ansible_check_mode=True,
-                                nvidia_smi_path=NVIDIA_SMI, device_paths=[fdir + "/dev/nvidia*"])
-        res = subprocess.run([PYTHON, "-m", MODULE, args], env=env, capture_output=True, text=True, timeout=60, check=False)
-        out = parse(res.stdout)
+        out = run_module("gpu_free_wait", {"gpus": ["3"], "container": int(MAIN_CT), "nvidia_smi_path": NVIDIA_SMI,
+                                           "device_paths": [fdir + "/dev/nvidia*"]},
+                         check_mode=True, env=module_env(dict(os.environ, FAKEGPU_DIR=fdir)), timeout=60)
         ct201 = [h for h in out["ignored_holders"] if h["container"] == int(DECOY_CT)]
         assert ct201 and ct201[0]["ignored"] == f"outside container {MAIN_CT} (CT{DECOY_CT})"
         assert ct201[0]["used_mib"] == 20000

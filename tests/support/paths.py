@@ -26,6 +26,8 @@ PLAYBOOKS = TESTS / "integration" / "playbooks"
 ANSIBLE_CFG = ROOT / "ansible.cfg"
 COLLECTIONS = ROOT / ".collections"
 DATAGEN_FILES = ROOT / "roles" / "sglang_datagen" / "files"
+# recorded replies and chat templates the datagen unit tests read
+DATAGEN_FIXTURES = TESTS / "unit" / "datagen" / "fixtures"
 # the virtual environment's bin: ansible-playbook, ansible, ansible-galaxy of the interpreter running the tests
 BIN = Path(sys.executable).parent
 

@@ -14,8 +14,9 @@ import threading
 import pytest
 
 from datagen import util
+from tests.support.paths import DATAGEN_FILES
 
-DATAGEN_ROOT = os.path.dirname(os.path.dirname(util.__file__))
+pytestmark = pytest.mark.processes
 
 # The child writes half a file through the writer and is SIGKILLed before the rename,
 # as a stage is when a fault lands (or the container reboots) mid-write.
@@ -32,7 +33,7 @@ _KILLED_WRITER = textwrap.dedent("""
 
 def killed_writer(path: str, durable: bool) -> int:
     """Run a writer of ``path`` that dies between write and rename; its PID (now dead)."""
-    child = subprocess.run([sys.executable, "-c", _KILLED_WRITER.format(root=DATAGEN_ROOT, path=path, durable=durable)],
+    child = subprocess.run([sys.executable, "-c", _KILLED_WRITER.format(root=str(DATAGEN_FILES), path=path, durable=durable)],
                            capture_output=True, text=True, timeout=60, check=False)
     assert child.returncode == -9, child.stderr
     # the PID is in the temp file's name; the child printed nothing, so read it from there
@@ -111,7 +112,7 @@ _CAPPED_WRITER = textwrap.dedent("""
 def test_a_write_the_disk_refuses_leaves_no_temp_file_and_the_old_file_whole(tmp_path, size):
     path = str(tmp_path / "report.json")
     util.write_json(path, {"rows": 10})
-    child = subprocess.run([sys.executable, "-c", _CAPPED_WRITER.format(root=DATAGEN_ROOT, path=path, size=size)],
+    child = subprocess.run([sys.executable, "-c", _CAPPED_WRITER.format(root=str(DATAGEN_FILES), path=path, size=size)],
                            capture_output=True, text=True, timeout=60, check=False)
     assert child.returncode == 0, child.stderr
     assert json.loads(child.stdout) == {"errno": errno.EFBIG, "left": ["report.json"]}

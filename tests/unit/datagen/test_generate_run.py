@@ -18,8 +18,10 @@ from harness import StandinProcess
 
 from datagen.generate import GenerateError, read_status, run_generate, settings_from_config
 from tests.support.net import free_port
-from tests.support.paths import DATAGEN_FILES
+from tests.support.paths import DATAGEN_FILES, DATAGEN_FIXTURES
 from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.processes
 
 FILES = str(DATAGEN_FILES)
 
@@ -384,7 +386,7 @@ def test_through_the_package_cli_generate_and_status(tmp_path, standin):
     assert bad.returncode == 2 and "generate.thinking" in bad.stderr
 
 
-SGLANG = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "sglang_chat.json")))
+SGLANG = json.loads((DATAGEN_FIXTURES / "sglang_chat.json").read_text(encoding="utf-8"))
 
 
 @pytest.fixture

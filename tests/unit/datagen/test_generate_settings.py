@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from datagen.config import ConfigError
 from datagen.gen.client import backoff_delay, parse_retry_after
 from datagen.gen.rows import RowError, check_row, parse_response, prompt_messages
+from datagen.gen.settings import DEFAULTS
 from datagen.generate import settings_from_config
+from tests.support.paths import DATAGEN_FIXTURES
 
 BASE = {"servers": ["http://127.0.0.1:30000"], "model": "m", "sampling": {"max_tokens": 64}}
 
@@ -48,7 +49,8 @@ def test_defaults_send_thinking_explicitly():
 def test_concurrency_is_auto_unless_fixed():
     s = settings_from_config(cfg())
     assert s.adaptive and s.concurrency is None
-    assert (s.concurrency_min, s.concurrency_max, s.queue_target, s.load_interval) == (8, 1024, 8, 1.0)
+    auto_keys = ("concurrency_min", "concurrency_max", "queue_target", "load_interval")
+    assert {key: getattr(s, key) for key in auto_keys} == {key: DEFAULTS[key] for key in auto_keys}
     assert settings_from_config(cfg(generate={"concurrency": "auto"})).adaptive
     fixed = settings_from_config(cfg(generate={"concurrency": 128}))
     assert not fixed.adaptive and fixed.concurrency == 128
@@ -144,7 +146,7 @@ def test_parse_response_keeps_tool_calls_and_reasoning():
     assert ids is None  # no ids in this body: the engine stops the run (see test_generate_run)
 
 
-SGLANG = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "sglang_chat.json")))
+SGLANG = json.loads((DATAGEN_FIXTURES / "sglang_chat.json").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("name,want", [("choice_ids", ([11, 12, 13], [21, 22])),

@@ -4,16 +4,14 @@ sglang 0.5.23's own classes (fixtures/record_sglang_chat.py: protocol.py and ser
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 from standin import sglang_template_inputs
 
 from datagen.sglang_chat import TOKEN_ID_FLAGS, template_inputs, token_ids_from_response
+from tests.support.paths import DATAGEN_FIXTURES
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-SGLANG = json.load(open(os.path.join(HERE, "fixtures", "sglang_chat.json")))
+SGLANG = json.loads((DATAGEN_FIXTURES / "sglang_chat.json").read_text(encoding="utf-8"))
 CASES = sorted(SGLANG["template_inputs"])
 
 

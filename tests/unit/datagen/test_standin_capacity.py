@@ -10,12 +10,14 @@ import re
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from harness import STANDIN, StandinProcess
 
 from tests.support.net import http
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.processes
 
 # every request samples 40 tokens + the stop token, one decode step (0.03 s here) each: over a second in the batch
 SLOW = ["--min-tokens", "40", "--max-natural-tokens", "40", "--token-latency", "0.03"]
@@ -40,15 +42,12 @@ def fire(url, n, **kwargs):
     return threads, results
 
 
-def wait_for(server, predicate, timeout=10.0):
-    """The metrics once ``predicate`` holds for them (bounded)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        m = server.metrics()
-        if predicate(m):
-            return m
-        assert time.monotonic() < deadline, f"not reached within {timeout}s: {m}"
-        time.sleep(0.02)
+def metrics_when(server, predicate, timeout=10.0):
+    """The stand-in's metrics once PREDICATE holds for them (bounded)."""
+    def matching():
+        metrics = server.metrics()
+        return metrics if predicate(metrics) else None
+    return wait_for(matching, timeout, "the stand-in's metrics to match", interval=0.02)
 
 
 def in_model(m):
@@ -59,11 +58,11 @@ def test_running_is_capped_and_the_rest_queue_then_all_finish():
     with StandinProcess(["--max-running-requests", "4", "--max-total-tokens", "4000", *SLOW], model="m") as s:
         threads, results = fire(s.url, 10)
         # requests join the batch between decode steps (scheduler.py): once the batch is full, the rest wait
-        m = wait_for(s, lambda m: in_model(m) == 10 and m["sglang:num_running_reqs"] >= 4)
+        m = metrics_when(s, lambda m: in_model(m) == 10 and m["sglang:num_running_reqs"] >= 4)
         assert (m["sglang:num_running_reqs"], m["sglang:num_queue_reqs"]) == (4, 6)
         assert 0 < m["sglang:token_usage"] < 1 and m["sglang:num_used_tokens"] > 0
         # continuous batching: as the first four finish, the next four join from the queue
-        m = wait_for(s, lambda m: m["sglang:num_queue_reqs"] == 2)
+        m = metrics_when(s, lambda m: m["sglang:num_queue_reqs"] == 2)
         assert m["sglang:num_running_reqs"] == 4
         for t in threads:
             t.join(timeout=30)
@@ -76,10 +75,10 @@ def test_a_full_queue_refuses_with_sglangs_503():
     with StandinProcess(["--max-running-requests", "1", "--max-queued-requests", "2", *SLOW], model="m") as s:
         # one at a time: a burst that arrives within one step is refused beyond the queue limit as well
         threads, results = fire(s.url, 1)
-        wait_for(s, lambda m: m["sglang:num_running_reqs"] == 1)
+        metrics_when(s, lambda m: m["sglang:num_running_reqs"] == 1)
         more, results2 = fire(s.url, 2)
         threads += more
-        wait_for(s, lambda m: (m["sglang:num_running_reqs"], m["sglang:num_queue_reqs"]) == (1, 2))
+        metrics_when(s, lambda m: (m["sglang:num_running_reqs"], m["sglang:num_queue_reqs"]) == (1, 2))
         status, body = chat(s.url, "one too many")
         assert status == 503 and body["message"] == "The request queue is full.", body
         for t in threads:
@@ -91,7 +90,7 @@ def test_the_token_pool_admits_only_what_fits():
     # each request reserves its prompt plus max_tokens (100): a pool of 150 tokens runs one at a time
     with StandinProcess(["--max-total-tokens", "150", *SLOW], model="m") as s:
         threads, _results = fire(s.url, 3, max_tokens=100)
-        m = wait_for(s, lambda m: in_model(m) == 3 and m["sglang:num_running_reqs"] >= 1)
+        m = metrics_when(s, lambda m: in_model(m) == 3 and m["sglang:num_running_reqs"] >= 1)
         assert (m["sglang:num_running_reqs"], m["sglang:num_queue_reqs"]) == (1, 2)
         assert m["sglang:max_total_num_tokens"] == 150
         for t in threads:
@@ -101,7 +100,7 @@ def test_the_token_pool_admits_only_what_fits():
 def test_without_a_capacity_every_request_runs_at_once():
     with StandinProcess(SLOW, model="m") as s:
         threads, _results = fire(s.url, 5)
-        m = wait_for(s, lambda m: m["sglang:num_running_reqs"] == 5)
+        m = metrics_when(s, lambda m: m["sglang:num_running_reqs"] == 5)
         assert m["sglang:num_queue_reqs"] == 0
         for t in threads:
             t.join(timeout=30)

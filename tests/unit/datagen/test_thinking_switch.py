@@ -23,9 +23,8 @@ import yaml
 from datagen.config import ConfigError
 from datagen.gen.settings import settings_from_config
 from datagen.tokenize import template_kwargs
-from tests.support.paths import ROOT
+from tests.support.paths import DATAGEN_FIXTURES, ROOT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILIES = yaml.safe_load(open(os.path.join(ROOT, "roles", "sglang_datagen", "defaults", "main.yml")))[
     "sglang_datagen_parser_families"]
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -48,7 +47,7 @@ def sent_kwargs(switch: str, thinking: bool) -> Dict[str, Any]:
 def render(template: str, **kwargs: Any) -> str:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                        extensions=[jinja2.ext.loopcontrols])
-    text = open(os.path.join(HERE, "fixtures", template), encoding="utf-8").read()
+    text = (DATAGEN_FIXTURES / template).read_text(encoding="utf-8")
     return env.from_string(text).render(messages=QUESTION, add_generation_prompt=True, bos_token="<BOS>", **kwargs)
 
 

@@ -17,9 +17,11 @@ from fakegpu_harness import NVIDIA_SMI, FakeGpus
 
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.processes
+
 BIN = Path(sys.executable).parent
 # a model directory with the files the validation pass looks for (config, tokenizer, weights)
-MODEL = str(Path(__file__).resolve().parent / "fixtures" / "models" / "Qwen3-8B")
+MODEL = str(ROOT / "tests" / "unit" / "sglang_datagen" / "fixtures" / "models" / "Qwen3-8B")
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from trainer_harness import ZOMBIE_LEADER, read_stat, wait_for
+from trainer_harness import ZOMBIE_LEADER, read_stat
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     describe_process,
@@ -33,8 +33,9 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.process_set
     pidfd_supported,
 )
 from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.save_watch import Grace, progress_scan
+from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 
 INT, TERM, KILL = signal.SIGINT, signal.SIGTERM, signal.SIGKILL
 MODES = [pytest.param(True, id="pidfd"), pytest.param(False, id="polling")]
@@ -233,7 +234,7 @@ def test_sigstopped_process_gets_sigcont_and_acts_on_sigterm(children):
     child = spawn(GRACEFUL)
     children.append(child)
     os.kill(child.pid, signal.SIGSTOP)
-    wait_for(lambda: read_stat(child.pid)[0] == "T", 10, 0.01, what="the child to stop")
+    wait_for(lambda: read_stat(child.pid)[0] == "T", 10, "the child to stop", interval=0.01)
     assert read_stat(child.pid)[0] == "T"
     procs = ProcessSet()
     hold(procs, child)
@@ -250,7 +251,7 @@ def test_zombie_leader_with_live_thread_is_not_gone(children, use_pidfd):
         pytest.skip("SYS_exit number is for x86_64")
     child = spawn(ZOMBIE_LEADER)
     children.append(child)
-    wait_for(lambda: read_stat(child.pid)[0] == "Z", 10, 0.02, what="the leader thread to exit")
+    wait_for(lambda: read_stat(child.pid)[0] == "Z", 10, "the leader thread to exit", interval=0.02)
     assert read_stat(child.pid)[0] == "Z" and len(os.listdir("/proc/%d/task" % child.pid)) == 2
     procs = ProcessSet(use_pidfd=use_pidfd)
     hold(procs, child)
@@ -586,7 +587,7 @@ def test_a_save_started_after_ctrl_c_is_never_cut_short(children, tmp_path, ckpt
     children.append(child)
     procs = ProcessSet(use_pidfd=use_pidfd)
     hold(procs, child)
-    wait_for((tmp_path / "steps").exists, 5)
+    wait_for((tmp_path / "steps").exists, 5, "the trainer's first step line", interval=0.02)
     out = run_ladder([Rung(INT, 1.0), Rung(KILL, 5)], procs, root_pgids=[child.pid],
                      grace=Grace(paths=[str(ckpt)], stall=0.3, max_grace=30, step_probe=steps_probe(tmp_path / "steps")))
     rung = out.rungs[0]

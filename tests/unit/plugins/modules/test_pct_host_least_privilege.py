@@ -1,6 +1,6 @@
 """proxmox_ct_exec and proxmox_ct_power as a user other than root: pct through ``sudo -n``, never more.
 
-The modules run as real processes (an args file, as Ansible runs them), as root
+The modules run as real processes (tests/support/module.py, as Ansible runs them), as root
 and as ``nobody`` (setpriv), with ``pct_path`` pointing at a recording
 stand-in for pct that answers ``pct status`` like pct does. The real sudo of
 this machine is used: ``nobody`` has no rule, so sudo's own refusal must come
@@ -10,20 +10,20 @@ back as the message naming the rule to add. Against the lab's real pct and the
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import site
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.module import run_module
+from tests.support.paths import COLLECTIONS, ROOT
 
-MODULES = ROOT / "plugins" / "modules"
+pytestmark = pytest.mark.processes
+
 NOBODY = 65534
 
 
@@ -71,22 +71,15 @@ def fake_pct():
     shutil.rmtree(d)
 
 
-def run_module(d: Path, module: str, args: dict, as_nobody: bool, check_mode: bool = False) -> dict:
+def run_pct_module(d: Path, module: str, args: dict, as_nobody: bool, check_mode: bool = False) -> dict:
+    """MODULE's result with D's pct stand-in, run as root or as nobody (setpriv, an interpreter nobody can run)."""
     payload = dict(args, pct_path=str(d / "pct"))
-    if check_mode:
-        payload["_ansible_check_mode"] = True
-    argfile = d / ("args-%s.json" % module)
-    argfile.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": payload}))
-    argfile.chmod(0o644)
-    cmd = [sys.executable, str(MODULES / (module + ".py")), str(argfile)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / ".collections"))
-    if as_nobody:
-        python, lib = _python_for_nobody()
-        cmd = ["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups", python] + cmd[1:]
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": "%s:%s" % (ROOT / ".collections", lib), "HOME": str(d)}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, cwd=str(d), check=False)
-    assert done.stdout.strip(), done.stderr
-    return json.loads(done.stdout)
+    if not as_nobody:
+        return run_module(module, payload, check_mode=check_mode, timeout=60, cwd=d)
+    python, lib = _python_for_nobody()
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": "%s:%s" % (COLLECTIONS, lib), "HOME": str(d)}
+    return run_module(module, payload, check_mode=check_mode, timeout=60, cwd=d, env=env, python=python,
+                      prefix=["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups"])
 
 
 def calls(d: Path) -> list[str]:
@@ -98,7 +91,7 @@ def calls(d: Path) -> list[str]:
     ("proxmox_ct_power", {"vmid": 200, "operation": "reboot"}),
 ])
 def test_without_a_sudo_rule_the_rule_to_add_is_named_and_pct_never_runs(fake_pct, module, args):
-    r = run_module(fake_pct, module, args, as_nobody=True)
+    r = run_pct_module(fake_pct, module, args, as_nobody=True)
     assert r["failed"]
     assert "host user nobody may not run %s through sudo without a password" % (fake_pct / "pct") in r["msg"]
     assert "`nobody ALL=(root) NOPASSWD: %s`" % (fake_pct / "pct") in r["msg"]
@@ -107,30 +100,30 @@ def test_without_a_sudo_rule_the_rule_to_add_is_named_and_pct_never_runs(fake_pc
 
 
 def test_non_root_runs_pct_through_the_become_method_and_root_directly(fake_pct):
-    r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "reboot", "timeout": 7, "pct_become_method": "none"}, as_nobody=True)
+    r = run_pct_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "reboot", "timeout": 7, "pct_become_method": "none"}, as_nobody=True)
     assert not r.get("failed"), r
     assert r["changed"] and r["cmd"] == [str(fake_pct / "pct"), "reboot", "200", "--timeout", "7"]
     assert calls(fake_pct) == ["nobody status 200 --verbose", "nobody reboot 200 --timeout 7", "nobody status 200"]
     (fake_pct / "calls").write_text("")
-    r = run_module(fake_pct, "proxmox_ct_exec", {"vmid": 200, "argv": ["true"], "pct_become_method": "env"}, as_nobody=True)
+    r = run_pct_module(fake_pct, "proxmox_ct_exec", {"vmid": 200, "argv": ["true"], "pct_become_method": "env"}, as_nobody=True)
     assert r["cmd"][:2] == ["env", str(fake_pct / "pct")]
     assert calls(fake_pct)[0] == "nobody status 200 --verbose"
     (fake_pct / "calls").write_text("")
-    r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200}, as_nobody=False)
+    r = run_pct_module(fake_pct, "proxmox_ct_power", {"vmid": 200}, as_nobody=False)
     assert r["cmd"] == [str(fake_pct / "pct"), "status", "200"] and r["ct_status"] == "running" and not r["changed"]
     assert r["stdout"] == "status: running\n"
     assert calls(fake_pct) == ["root status 200 --verbose"]
 
 
 def test_power_is_idempotent_and_check_mode_runs_only_status(fake_pct):
-    r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "start"}, as_nobody=False)
+    r = run_pct_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "start"}, as_nobody=False)
     assert not r["changed"] and "already running" in r["msg"]
-    r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "stop"}, as_nobody=False, check_mode=True)
+    r = run_pct_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "stop"}, as_nobody=False, check_mode=True)
     assert r["changed"] and "would run" in r["msg"]
     assert calls(fake_pct) == ["root status 200 --verbose", "root status 200 --verbose"]
-    r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "stop"}, as_nobody=False)
+    r = run_pct_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "stop"}, as_nobody=False)
     assert r["changed"] and r["ct_status"] == "stopped"
-    r = run_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "shutdown"}, as_nobody=False)
+    r = run_pct_module(fake_pct, "proxmox_ct_power", {"vmid": 200, "operation": "shutdown"}, as_nobody=False)
     assert not r["changed"] and "already stopped" in r["msg"]
 
 
@@ -142,6 +135,6 @@ def test_power_is_idempotent_and_check_mode_runs_only_status(fake_pct):
     ({"vmid": 200, "operation": "destroy"}, "value of operation must be one of"),
 ])
 def test_power_bad_input_names_the_option_and_runs_nothing(fake_pct, args, fragment):
-    r = run_module(fake_pct, "proxmox_ct_power", args, as_nobody=False)
+    r = run_pct_module(fake_pct, "proxmox_ct_power", args, as_nobody=False)
     assert r["failed"] and fragment in r["msg"], r
     assert calls(fake_pct) == []

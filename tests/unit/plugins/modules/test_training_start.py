@@ -18,11 +18,12 @@ import sys
 import tempfile
 
 import pytest
-from trainer_harness import Tmux, alive, cmdline, have_tmux, kill_all_with, pids_with, wait_for
+from trainer_harness import Tmux, alive, cmdline, have_tmux, kill_all_with, pids_with
 
 from tests.support.module import run_module
+from tests.support.wait import wait_for
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not have_tmux(), reason="tmux is not installed")]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not have_tmux(), reason="tmux is not installed"), pytest.mark.processes]
 
 TRAINER = r'''
 import argparse, os, re, subprocess, sys, time
@@ -240,7 +241,8 @@ def test_a_gpu_already_held_refuses_the_launch(lab, start):
                               lab.devices[1]], cwd=lab.root)
     try:
         wait_for(lambda: any(os.path.realpath(os.path.join("/proc/%d/fd" % other.pid, fd)) == lab.devices[1]
-                             for fd in os.listdir("/proc/%d/fd" % other.pid)), 10, what="the other holder")
+                             for fd in os.listdir("/proc/%d/fd" % other.pid)), 10, what="the other holder",
+                 interval=0.02)
         result = start(lab.gpu_args())
         assert result["rc"] == 1 and result["launched"] is False, result
         assert result["msg"].startswith("gpus: already held before the launch: pid %d" % other.pid)
@@ -307,7 +309,7 @@ def test_another_user_runs_in_its_own_tmux_server(start):
         subprocess.run(["runuser", "-u", "nobody", "--", "tmux", "-S", lab.tmux.socket, "kill-server"],
                        capture_output=True, timeout=10, check=False)
         kill_all_with(root)
-        wait_for(lambda: not pids_with(root), 10, what="nobody's processes gone")
+        wait_for(lambda: not pids_with(root), 10, what="nobody's processes gone", interval=0.02)
         shutil.rmtree(root, ignore_errors=True)
 
 

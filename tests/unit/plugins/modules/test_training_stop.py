@@ -27,13 +27,13 @@ from trainer_harness import (
     latest_checkpoint,
     pids_with,
     read_stat,
-    run_module,
-    wait_for,
 )
 
+from tests.support.module import run_module
 from tests.support.playbook import run_playbook
+from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 SHORT = [{"signal": "SIGINT", "timeout": 5}, {"signal": "SIGTERM", "timeout": 2}, {"signal": "SIGKILL", "timeout": 5}]
 QUICK = [{"signal": "SIGINT", "timeout": 0.5}, {"signal": "SIGTERM", "timeout": 2}, {"signal": "SIGKILL", "timeout": 5}]
@@ -50,7 +50,7 @@ def decoys(tmp_path_factory):
     tmux = Tmux(work)
     record = os.path.join(work, "tmux-decoy.signals")
     tmux.new_session("dflash-eval", "%s %s/networkd-dispatcher --eval --record %s" % (PYTHON, work, record))
-    wait_for(lambda: os.path.exists(record), 10, what="tmux decoy up")
+    wait_for(lambda: os.path.exists(record), 10, what="tmux decoy up", interval=0.02)
     pane_decoy = tmux.pane_pids("dflash-eval")[0]
     yield {"daemon": daemon, "editor": editor, "tmux": tmux, "pane": pane_decoy, "record": record}
     for decoy in (daemon, editor):
@@ -92,7 +92,7 @@ def pids_of(result):
 def test_graceful_stops_on_the_first_rung_with_checkpoint(job):
     trainer = job("graceful", nproc=3)
     expected = sorted(pid for pid, _start in trainer.identities())
-    result = run_module({"match": trainer.regex, "ladder": SHORT})
+    result = run_module("training_stop", {"match": trainer.regex, "ladder": SHORT})
     assert result["rc"] == 0, result
     assert result["changed"] is True and result["stopped_by"] == "SIGINT" and result["stopped_by_index"] == 0
     assert pids_of(result) == expected and result["survivors"] == [] and result["unkillable"] == []
@@ -101,14 +101,14 @@ def test_graceful_stops_on_the_first_rung_with_checkpoint(job):
     assert {e["how"] for e in result["selected"]} == {"match"} and result["pidfd"] is True
     assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
     assert trainer.proc.wait(timeout=5) == 0
-    again = run_module({"match": trainer.regex, "ladder": SHORT})
+    again = run_module("training_stop", {"match": trainer.regex, "ladder": SHORT})
     assert again["rc"] == 0 and again["changed"] is False and again["selected"] == [] and again["rungs"] == []
 
 
 def test_stubborn_only_sigkill_ends_it_and_last_checkpoint_survives(job):
     trainer = job("stubborn", extra=["--ckpt-every", "1"])
-    wait_for(lambda: latest_checkpoint(trainer.ckpt_dir), 10, what="a periodic checkpoint")
-    result = run_module({"match": trainer.regex, "ladder": [
+    wait_for(lambda: latest_checkpoint(trainer.ckpt_dir), 10, what="a periodic checkpoint", interval=0.02)
+    result = run_module("training_stop", {"match": trainer.regex, "ladder": [
         {"signal": "INT", "timeout": 0.5}, {"signal": "TERM", "timeout": 0.5}, {"signal": "KILL", "timeout": 5}]})
     assert result["rc"] == 0, result
     assert result["stopped_by"] == "SIGKILL" and [r["remaining"] for r in result["rungs"]] == [3, 3, 0]
@@ -119,7 +119,7 @@ def test_stubborn_only_sigkill_ends_it_and_last_checkpoint_survives(job):
 def test_orphans_reparented_workers_caught_by_sigterm(job):
     trainer = job("orphans", nproc=3)
     workers = trainer.workers()
-    result = run_module({"pids": [trainer.proc.pid], "ladder": QUICK})
+    result = run_module("training_stop", {"pids": [trainer.proc.pid], "ladder": QUICK})
     assert result["rc"] == 0, result
     assert result["rungs"][0]["targets"] == [trainer.proc.pid] and result["rungs"][0]["exited"] == [trainer.proc.pid]
     assert result["stopped_by"] == "SIGTERM"
@@ -130,7 +130,7 @@ def test_orphans_reparented_workers_caught_by_sigterm(job):
 
 def test_respawn_launcher_signalled_first_restarts_nothing(job):
     trainer = job("respawn", nproc=3)
-    result = run_module({"match": trainer.regex, "ladder": QUICK})
+    result = run_module("training_stop", {"match": trainer.regex, "ladder": QUICK})
     assert result["rc"] == 0, result
     assert result["stopped_by"] == "SIGTERM"
     assert result["rungs"][1]["targets"][0] == trainer.proc.pid  # before its workers
@@ -141,9 +141,10 @@ def test_respawn_launcher_signalled_first_restarts_nothing(job):
 
 def test_slow_checkpoint_not_killed_while_it_grows(job):
     trainer = job("slow_checkpoint", extra=["--checkpoint-seconds", "2.5"])
-    result = run_module({"match": trainer.regex, "progress_paths": [trainer.ckpt_dir], "progress_stall": 1,
-                         "ladder": [{"signal": "INT", "timeout": 0.5}, {"signal": "TERM", "timeout": 0.5},
-                                    {"signal": "KILL", "timeout": 5}]})
+    result = run_module("training_stop", {
+        "match": trainer.regex, "progress_paths": [trainer.ckpt_dir], "progress_stall": 1,
+        "ladder": [{"signal": "INT", "timeout": 0.5}, {"signal": "TERM", "timeout": 0.5},
+                   {"signal": "KILL", "timeout": 5}]})
     assert result["rc"] == 0, result
     assert result["stopped_by"] == "SIGINT" and result["rungs"][0]["extended_by"] > 0
     path, step = latest_checkpoint(trainer.ckpt_dir)
@@ -153,7 +154,7 @@ def test_slow_checkpoint_not_killed_while_it_grows(job):
 def test_slow_checkpoint_without_progress_paths_is_cut_short(job):
     """The contrast: the same ladder without progress_paths kills mid-save; `latest` still never names a torn file."""
     trainer = job("slow_checkpoint", extra=["--checkpoint-seconds", "2.5"])
-    result = run_module({"match": trainer.regex, "ladder": [
+    result = run_module("training_stop", {"match": trainer.regex, "ladder": [
         {"signal": "INT", "timeout": 0.5}, {"signal": "TERM", "timeout": 0.5}, {"signal": "KILL", "timeout": 5}]})
     assert result["rc"] == 0 and result["stopped_by"] == "SIGKILL"
     assert latest_checkpoint(trainer.ckpt_dir) is None  # the 2.5 s save never finished; no torn file is named
@@ -163,7 +164,7 @@ def test_sigstopped_job_is_continued_and_stops_gracefully(job):
     trainer = job("graceful")
     for pid, _start in trainer.identities():
         os.kill(pid, signal.SIGSTOP)
-    result = run_module({"match": trainer.regex, "ladder": SHORT})
+    result = run_module("training_stop", {"match": trainer.regex, "ladder": SHORT})
     assert result["rc"] == 0 and result["stopped_by"] == "SIGINT", result
     assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
 
@@ -171,7 +172,7 @@ def test_sigstopped_job_is_continued_and_stops_gracefully(job):
 def test_check_mode_reports_plan_and_signals_nothing(job):
     trainer = job("graceful")
     before = trainer.identities()
-    result = run_module({"match": trainer.regex}, check_mode=True, diff=True)
+    result = run_module("training_stop", {"match": trainer.regex}, check_mode=True, diff=True)
     assert result["rc"] == 0 and result["changed"] is True and result["rungs"] == []
     assert result["plan"] == ["SIGINT to the launcher, wait 45s", "SIGTERM to every process, wait 30s",
                               "SIGKILL to every process, wait 10s"]
@@ -182,7 +183,7 @@ def test_check_mode_reports_plan_and_signals_nothing(job):
 
 def test_diff_shows_before_and_after(job):
     trainer = job("graceful")
-    result = run_module({"match": trainer.regex, "ladder": SHORT}, diff=True)
+    result = run_module("training_stop", {"match": trainer.regex, "ladder": SHORT}, diff=True)
     assert result["rc"] == 0
     assert result["diff"]["before"].count("fake_trainer.py") == 3 and result["diff"]["after"] == ""
 
@@ -190,14 +191,14 @@ def test_diff_shows_before_and_after(job):
 def test_broad_match_refused_lists_hits_and_signals_nothing(job, decoys):
     trainer = job("graceful")
     before = trainer.identities()
-    result = run_module({"match": "python", "ladder": SHORT})
+    result = run_module("training_stop", {"match": "python", "ladder": SHORT})
     assert result["rc"] == 1 and result["msg"].startswith("match hits ")
     assert "networkd-dispatcher" in result["msg"] and "allow_broad_match" in result["msg"]
-    editor = run_module({"match": r"fake_trainer\.py", "ladder": SHORT})
+    editor = run_module("training_stop", {"match": r"fake_trainer\.py", "ladder": SHORT})
     assert editor["rc"] == 1 and "program vim" not in editor["msg"] and "/vim " in editor["msg"]
     assert all(alive(pid, start) for pid, start in before) and "got SIG" not in trainer.log()
     # the fix the message suggests (a regex with a unique argument) works
-    fixed = run_module({"match": trainer.regex, "exclude": [r"/vim "], "ladder": SHORT})
+    fixed = run_module("training_stop", {"match": trainer.regex, "exclude": [r"/vim "], "ladder": SHORT})
     assert fixed["rc"] == 0 and fixed["stopped_by"] == "SIGINT"
 
 
@@ -229,7 +230,7 @@ def test_every_bad_input_names_the_option_and_signals_nothing(job, tmp_path):
         args = json.loads(json.dumps(args).replace("{dir}", str(tmp_path)).replace("{garbage}", str(garbage)))
         if "match" in args:
             args["match"] = args["match"].replace("X", trainer.regex)
-        result = run_module(args)
+        result = run_module("training_stop", args)
         message = message.replace("{dir}", str(tmp_path)).replace("{garbage}", str(garbage))
         assert result["rc"] == 1 and message in result["msg"], (args, result["msg"])
         assert result.get("rungs", []) == []
@@ -242,18 +243,18 @@ def test_pid_file_selects_and_detects_reuse(job, tmp_path):
     pid_file.write_text("%d\n" % trainer.proc.pid)
     old = time.time() - 86400
     os.utime(pid_file, (old, old))  # written a day ago: the process holding this PID now started later
-    reused = run_module({"pid_file": str(pid_file), "ladder": SHORT})
+    reused = run_module("training_stop", {"pid_file": str(pid_file), "ladder": SHORT})
     assert reused["rc"] == 0 and reused["changed"] is False and "PID reused" in reused["notes"][0]
     pid_file.write_text("%d\n" % trainer.proc.pid)
-    result = run_module({"pid_file": str(pid_file), "ladder": SHORT})
+    result = run_module("training_stop", {"pid_file": str(pid_file), "ladder": SHORT})
     assert result["rc"] == 0 and result["stopped_by"] == "SIGINT" and result["selected"][0]["how"] == "pid_file"
-    missing = run_module({"pid_file": str(tmp_path / "gone.pid"), "ladder": SHORT})
+    missing = run_module("training_stop", {"pid_file": str(tmp_path / "gone.pid"), "ladder": SHORT})
     assert missing["rc"] == 0 and missing["changed"] is False and "does not exist" in missing["notes"][0]
 
 
 def test_without_sigkill_survivors_fail_the_module(job):
     trainer = job("stubborn")
-    result = run_module({"match": trainer.regex, "ladder": [{"signal": "TERM", "timeout": 0.3}]})
+    result = run_module("training_stop", {"match": trainer.regex, "ladder": [{"signal": "TERM", "timeout": 0.3}]})
     assert result["rc"] == 1 and "still running" in result["msg"] and len(result["survivors"]) == 3
     assert result["unkillable"] == [] and all(alive(pid) for pid in result["survivors"])
 
@@ -263,9 +264,9 @@ def test_zombie_leader_with_live_thread_is_selected_and_not_taken_for_gone(tmp_p
     marker = str(tmp_path / "zombie-leader-marker")
     child = subprocess.Popen([PYTHON, "-c", ZOMBIE_LEADER, marker], start_new_session=True)
     try:
-        wait_for(lambda: read_stat(child.pid)[0] == "Z", 10, what="leader thread exit")
-        result = run_module({"match": marker, "ladder": [{"signal": "INT", "timeout": 0.3},
-                                                         {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]})
+        wait_for(lambda: read_stat(child.pid)[0] == "Z", 10, what="leader thread exit", interval=0.02)
+        result = run_module("training_stop", {"match": marker, "ladder": [{"signal": "INT", "timeout": 0.3},
+                                                                          {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]})
         assert result["rc"] == 0, result
         assert pids_of(result) == [child.pid] and marker in result["selected"][0]["cmdline"]
         assert result["rungs"][0]["remaining"] == 1 and result["stopped_by"] == "SIGTERM"
@@ -281,8 +282,8 @@ def test_process_it_may_not_signal_is_reported_and_fails_bounded(untouched):
     """The module without CAP_KILL against another user's process: EPERM on every rung, reported, bounded."""
     victim = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "300"])
     try:
-        wait_for(lambda: "sleep" in cmdline(victim.pid), 10, what="victim exec")
-        result = run_module({"pids": [victim.pid], "kill_timeout": 0.3, "ladder": [
+        wait_for(lambda: "sleep" in cmdline(victim.pid), 10, what="victim exec", interval=0.02)
+        result = run_module("training_stop", {"pids": [victim.pid], "kill_timeout": 0.3, "ladder": [
             {"signal": "TERM", "timeout": 0.2}, {"signal": "KILL", "timeout": 5}]},
             prefix=["setpriv", "--bounding-set=-kill", "--inh-caps=-kill"])
         assert result["rc"] == 1 and "could not be signalled" in result["msg"] and "become" in result["msg"]
@@ -320,7 +321,7 @@ def tmux_job(job, decoys):
 
 def test_tmux_ctrl_c_stops_graceful_and_spares_the_other_session(tmux_job, decoys):
     trainer = tmux_job("graceful")
-    result = run_module({"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
+    result = run_module("training_stop", {"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
         {"signal": "INT", "timeout": 5, "via": "tmux"}, {"signal": "TERM", "timeout": 2}, {"signal": "KILL", "timeout": 5}]})
     assert result["rc"] == 0, result
     assert result["stopped_by"] == "SIGINT via tmux" and len(result["rungs"][0]["targets"]) == 1
@@ -333,7 +334,7 @@ def test_tmux_typed_at_a_shell_prompt_stops_job_keeps_shell(tmux_job, decoys):
     trainer = tmux_job("graceful", typed=True)
     shell = decoys["tmux"].pane_pids("dflash")[0]
     launcher = trainer.launcher()
-    result = run_module({"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
+    result = run_module("training_stop", {"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
         {"signal": "INT", "timeout": 5, "via": "tmux"}, {"signal": "TERM", "timeout": 2}, {"signal": "KILL", "timeout": 5}]})
     assert result["rc"] == 0, result
     assert result["stopped_by"] == "SIGINT via tmux" and shell not in pids_of(result)
@@ -348,11 +349,11 @@ def test_tmux_typed_stubborn_escalates_to_sigkill_and_the_shell_and_pane_stay(tm
     shell = decoys["tmux"].pane_pids("dflash")[0]
     args = {"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
         {"signal": "INT", "timeout": 0.5, "via": "tmux"}, {"signal": "TERM", "timeout": 0.5}, {"signal": "KILL", "timeout": 5}]}
-    plan = run_module(args, check_mode=True)
+    plan = run_module("training_stop", args, check_mode=True)
     assert plan["rc"] == 0 and shell not in pids_of(plan) and len(plan["selected"]) == 3, plan
     note = "its shell (pid %d) is left running; what runs in it is the job" % shell
     assert any(note in line for line in plan["notes"]), plan["notes"]
-    result = run_module(args)
+    result = run_module("training_stop", args)
     assert result["rc"] == 0, result
     assert result["stopped_by"] == "SIGKILL" and shell not in pids_of(result)
     # SIGTERM and SIGKILL went to every process of the job, never to the prompt's shell
@@ -363,7 +364,7 @@ def test_tmux_typed_stubborn_escalates_to_sigkill_and_the_shell_and_pane_stay(tm
 
 def test_tmux_ctrl_c_is_not_trusted_stubborn_escalates(tmux_job, decoys):
     trainer = tmux_job("stubborn")
-    result = run_module({"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
+    result = run_module("training_stop", {"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket, "ladder": [
         {"signal": "INT", "timeout": 0.5, "via": "tmux"}, {"signal": "TERM", "timeout": 0.5}, {"signal": "KILL", "timeout": 5}]})
     assert result["rc"] == 0, result
     assert result["stopped_by"] == "SIGKILL" and result["rungs"][0]["remaining"] > 0
@@ -371,10 +372,10 @@ def test_tmux_ctrl_c_is_not_trusted_stubborn_escalates(tmux_job, decoys):
 
 
 def test_missing_tmux_session_or_server_selects_nothing(decoys, tmp_path, untouched):
-    result = run_module({"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket})
+    result = run_module("training_stop", {"tmux_session": "dflash", "tmux_socket": decoys["tmux"].socket})
     assert result["rc"] == 0 and result["changed"] is False and result["selected"] == []
     assert "no tmux session 'dflash'" in result["notes"][0]
-    no_server = run_module({"tmux_session": "dflash", "tmux_socket": str(tmp_path / "nothing.sock")})
+    no_server = run_module("training_stop", {"tmux_session": "dflash", "tmux_socket": str(tmp_path / "nothing.sock")})
     assert no_server["rc"] == 0 and no_server["changed"] is False and no_server["selected"] == []
 
 
@@ -404,7 +405,8 @@ def test_tmux_stop_writes_the_launch_record_without_secrets(job, decoys, tmp_pat
     tmux.run("send-keys", "-t", "=dflash:", "-l", typed)
     tmux.run("send-keys", "-t", "=dflash:", "Enter")
     try:
-        wait_for(lambda: any(n.endswith(".bin") for n in os.listdir(trainer.ckpt_dir)), 30, what="a checkpoint")
+        wait_for(lambda: any(n.endswith(".bin") for n in os.listdir(trainer.ckpt_dir)), 30, what="a checkpoint",
+                 interval=0.02)
         # a save that died half-way, newer than every whole one: skipped by name
         with open(os.path.join(trainer.ckpt_dir, "ckpt-step009999.bin.tmp"), "wb") as handle:
             handle.write(b"torn")
@@ -414,9 +416,9 @@ def test_tmux_stop_writes_the_launch_record_without_secrets(job, decoys, tmp_pat
             "progress_paths": [trainer.ckpt_dir], "checkpoint_patterns": ["ckpt-step*"],
             "record_dir": record_dir, "record_env": ["WANDB_*", "NCCL_IB_PASSWORD", "HF_*"]}
         assert not os.path.exists(record_dir)
-        plan = run_module(args, check_mode=True)
+        plan = run_module("training_stop", args, check_mode=True)
         assert plan["rc"] == 0 and plan["launch_record"] is None and not os.path.exists(record_dir), plan
-        result = run_module(args)
+        result = run_module("training_stop", args)
         assert result["rc"] == 0 and result["stopped_by"] == "SIGINT via tmux", result
         path = os.path.join(record_dir, "dflash.json")
         assert result["launch_record"]["path"] == path
@@ -439,7 +441,7 @@ def test_tmux_stop_writes_the_launch_record_without_secrets(job, decoys, tmp_pat
         assert os.stat(path).st_mode & 0o777 == 0o600 and os.stat(record_dir).st_mode & 0o777 == 0o700
         # nothing to stop now: the record stays as it is
         before = os.stat(path).st_mtime_ns
-        again = run_module(args)
+        again = run_module("training_stop", args)
         assert again["rc"] == 0 and again["selected"] == [] and again["launch_record"] is None, again
         assert os.stat(path).st_mtime_ns == before and again["checkpoint"] == record["checkpoint"]
     finally:

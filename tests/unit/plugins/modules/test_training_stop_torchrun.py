@@ -17,13 +17,16 @@ import subprocess
 
 import pytest
 import yaml
-from trainer_harness import PYTHON, ROOT, Decoy, Tmux, alive, have_tmux, module_env, run_module, wait_for
+from trainer_harness import Decoy, Tmux, alive, have_tmux
 
-pytestmark = pytest.mark.timeout(300)
+from tests.support.module import module_command, module_env, run_module
+from tests.support.paths import ROOT
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
 
 JOB_DIR = os.path.join(ROOT, "tests", "lab", "torchrun_job")
 TRAIN = os.path.join(JOB_DIR, "train.py")
-MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.training_stop"
 with open(os.path.join(ROOT, "roles", "stop_training", "defaults", "main.yml")) as _handle:
     ROLE_MATCH = yaml.safe_load(_handle)["stop_training_match"]
 
@@ -83,7 +86,7 @@ class Node:
         self.daemon = Decoy(work, "networkd-dispatcher", ["--run-startup-triggers"])
         self.agent = self.tmux.pane_pids("dflash")[0]
         self.others = {name: self.tmux.pane_pids(name)[0] for name in ("dflash-eval", "shell")}
-        wait_for(lambda: self.step() >= 5, 120, what="the torchrun job's 5th step line in the pane")
+        wait_for(lambda: self.step() >= 5, 120, what="the torchrun job's 5th step line in the pane", interval=0.02)
         self.ranks = children_of(self.agent)
         self.workers = [w for rank in self.ranks for w in children_of(rank)]
 
@@ -155,18 +158,18 @@ def test_role_match_on_a_tmux_new_session_torchrun_stops_the_job_by_ctrl_c_and_n
     """Defect 1: the server's argv is `tmux new-session ... torchrun ...`; it must never be the job's root."""
     job = node(save_seconds=1.0, shutdown_timeout=3)
     assert "torchrun" in " ".join(argv_of(job.server))  # the server really keeps the job's command line
-    plan = run_module(job.selection(ladder=[{"signal": "INT", "via": "tmux", "timeout": 20},
-                                            {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]),
+    plan = run_module("training_stop", job.selection(ladder=[{"signal": "INT", "via": "tmux", "timeout": 20},
+                                                             {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]),
                       check_mode=True)
     selected = {entry["pid"] for entry in plan["selected"]}
     assert set(job.job()) <= selected, plan  # agent, ranks in their own sessions, DataLoader workers
     assert job.server not in selected and not selected & set(job.others.values()), plan
     # the pre-fix role regex, unanchored, hits the server too: it is left out, saying why
-    old = run_module(job.selection(match=r"(^|[/\s])torchrun(\s|$)"), check_mode=True)
+    old = run_module("training_stop", job.selection(match=r"(^|[/\s])torchrun(\s|$)"), check_mode=True)
     assert {entry["pid"] for entry in old["selected"]} == selected, old
     assert {entry["pid"]: entry["why"] for entry in old["left_out"]}[job.server].startswith("a tmux server")
-    result = run_module(job.selection(ladder=[{"signal": "INT", "via": "tmux", "timeout": 20},
-                                              {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]))
+    result = run_module("training_stop", job.selection(ladder=[{"signal": "INT", "via": "tmux", "timeout": 20},
+                                                               {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]))
     assert result["rc"] == 0 and result["stopped_by"] == "SIGINT via tmux", result
     assert len(result["rungs"]) == 1 and len(result["rungs"][0]["targets"]) == 1  # one pane, one Ctrl-C
     assert not any(alive(pid) for pid in job.job())
@@ -181,18 +184,18 @@ def test_orphaned_ranks_after_the_agent_is_killed_are_named_then_stopped(node, v
     job = node()
     os.kill(job.agent, signal.SIGKILL)
     wait_for(lambda: "dflash" not in job.tmux.run("list-sessions", "-F", "#{session_name}").stdout.split(), 10,
-             what="the dflash pane to close")
+             what="the dflash pane to close", interval=0.02)
     progress = os.path.getmtime(job.ckpt) if os.path.isdir(job.ckpt) else 0
     assert all(alive(pid) for pid in job.ranks), "the ranks outlive their agent"
 
-    named = run_module(job.selection(ladder=[{"signal": "INT", "via": "tmux", "timeout": 20},
-                                             {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]))
+    named = run_module("training_stop", job.selection(ladder=[{"signal": "INT", "via": "tmux", "timeout": 20},
+                                                              {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]))
     assert named["rc"] != 0 and named["selected"] == [] and not named["changed"], named
     assert "orphaned ranks" in named["msg"] and "Nothing was signalled" in named["msg"]
     assert set(job.ranks) <= {holder["pid"] for holder in named["gpu_holders"]}
     assert all(alive(pid) for pid in job.ranks + job.workers)
 
-    stopped = run_module(job.selection(gpu_holders="stop", ladder=[
+    stopped = run_module("training_stop", job.selection(gpu_holders="stop", ladder=[
         {"signal": "INT", "via": "tmux", "timeout": 20}, {"signal": "TERM", "timeout": 5}, {"signal": "KILL", "timeout": 5}]))
     assert stopped["rc"] == 0, stopped
     assert {entry["pid"] for entry in stopped["selected"] if entry["how"] == "gpu_holder"} >= set(job.ranks)
@@ -207,7 +210,7 @@ def test_orphaned_ranks_after_the_agent_is_killed_are_named_then_stopped(node, v
 def test_a_signal_ignoring_periodic_checkpointer_reaches_sigkill_within_the_rungs(node):
     """Defect 3: it ignores SIGTERM and checkpoints every 0.5 s; its step counter advances: no grace at all."""
     job = node(ckpt_every=5, ignore=True, shutdown_timeout=120)
-    result = run_module(job.selection(progress_paths=[job.ckpt], progress_stall=3, max_grace=120, ladder=[
+    result = run_module("training_stop", job.selection(progress_paths=[job.ckpt], progress_stall=3, max_grace=120, ladder=[
         {"signal": "TERM", "timeout": 3}, {"signal": "KILL", "timeout": 5}]))
     assert result["rc"] == 0 and result["stopped_by"] == "SIGKILL", result
     first = result["rungs"][0]
@@ -220,7 +223,7 @@ def test_a_real_save_started_after_ctrl_c_is_not_cut_short(node, venv):
     """Rank 0's save takes 5 s after Ctrl-C; the rung given as 2 s outlasts torchrun's own teardown instead."""
     job = node(save_seconds=5.0, shutdown_timeout=10)
     before = job.checkpoints()
-    result = run_module(job.selection(progress_paths=[job.ckpt], progress_stall=2, ladder=[
+    result = run_module("training_stop", job.selection(progress_paths=[job.ckpt], progress_stall=2, ladder=[
         {"signal": "INT", "via": "tmux", "timeout": 2}, {"signal": "TERM", "timeout": 2}, {"signal": "KILL", "timeout": 5}]))
     assert result["rc"] == 0 and result["stopped_by"] == "SIGINT via tmux", result
     assert any("lengthened from 2s to 15s" in note for note in result["notes"]), result["notes"]
@@ -235,17 +238,17 @@ def test_a_second_run_waits_or_fails_naming_the_first_and_reports_its_outcome(no
     """Defect 4: the first ladder (the playbook that started it killed) is still climbing when a re-run comes."""
     job = node(ignore=True, shutdown_timeout=120)
     args = job.selection(ladder=[{"signal": "TERM", "timeout": 6}, {"signal": "KILL", "timeout": 5}])
-    first = subprocess.Popen([PYTHON, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": args})], stdout=subprocess.PIPE,
+    first = subprocess.Popen(module_command("training_stop", args), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=module_env(), cwd=ROOT, stdin=subprocess.DEVNULL)
     try:
         locks = os.path.join(job.work, "locks")
         wait_for(lambda: any(name.endswith(".json") and json.load(open(os.path.join(locks, name))).get("state") == "running"
                              for name in os.listdir(locks)) if os.path.isdir(locks) else False, 30,
-                 what="the first ladder to start")
-        refused = run_module(dict(args, lock_timeout=0.5))
+                 what="the first ladder to start", interval=0.02)
+        refused = run_module("training_stop", dict(args, lock_timeout=0.5))
         assert refused["rc"] != 0 and "another ladder is still running" in refused["msg"], refused
         assert "training_stop pid %d" % first.pid in refused["msg"] and "Nothing was signalled" in refused["msg"]
-        waited = run_module(dict(args, lock_timeout=60))
+        waited = run_module("training_stop", dict(args, lock_timeout=60))
         out, _err = first.communicate(timeout=60)
     finally:
         if first.poll() is None:
@@ -266,16 +269,16 @@ def test_a_ladder_killed_part_way_is_reported_as_interrupted(node):
     """kill -9 the module itself mid-ladder: the kernel drops its lock; the next run says what happened."""
     job = node(ignore=True, shutdown_timeout=120)
     args = job.selection(ladder=[{"signal": "TERM", "timeout": 30}, {"signal": "KILL", "timeout": 5}])
-    first = subprocess.Popen([PYTHON, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": args})],
+    first = subprocess.Popen(module_command("training_stop", args),
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=module_env(), cwd=ROOT,
                              stdin=subprocess.DEVNULL)
     locks = os.path.join(job.work, "locks")
     wait_for(lambda: any(name.endswith(".json") for name in os.listdir(locks)) if os.path.isdir(locks) else False, 30,
-             what="the first ladder to start")
+             what="the first ladder to start", interval=0.02)
     first.kill()
     first.wait()
-    result = run_module(dict(args, ladder=[{"signal": "TERM", "timeout": 2}, {"signal": "KILL", "timeout": 5}],
-                             lock_timeout=5))
+    result = run_module("training_stop", dict(args, ladder=[{"signal": "TERM", "timeout": 2}, {"signal": "KILL", "timeout": 5}],
+                                              lock_timeout=5))
     assert result["rc"] == 0 and result["stopped_by"] == "SIGKILL" and result["lock_waited"] < 5, result
     assert result["previous"]["state"] == "interrupted" and result["previous"]["pid"] == first.pid
     job.assert_untouched()

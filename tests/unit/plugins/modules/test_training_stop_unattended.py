@@ -17,15 +17,17 @@ import signal
 import subprocess
 
 import pytest
-from trainer_harness import MODULE, PYTHON, ROOT, Trainer, module_env, pids_with, read_stat, run_module
+from trainer_harness import Trainer, pids_with, read_stat
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.ladder_lock import (
     describe_previous,
     outcome_fields,
 )
+from tests.support.module import module_command, module_env, run_module
+from tests.support.paths import ROOT
 from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 
 def _record(locks: str) -> dict:
@@ -53,8 +55,8 @@ def test_ladder_finishes_after_its_connection_hangs_up_and_the_rerun_reports_it(
     args = {"match": stubborn.regex, "lock_dir": locks,
             "ladder": [{"signal": "SIGTERM", "timeout": 3}, {"signal": "SIGKILL", "timeout": 5}]}
     job = sorted(pid for pid, _start in stubborn.identities())
-    module = subprocess.Popen([PYTHON, "-m", MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": args})], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=module_env(), cwd=ROOT)
+    module = subprocess.Popen(module_command("training_stop", args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, env=module_env(), cwd=ROOT)
     # the connection dies: nobody reads the module's output any more
     module.stdout.close()
     module.stderr.close()
@@ -71,13 +73,13 @@ def test_ladder_finishes_after_its_connection_hangs_up_and_the_rerun_reports_it(
     assert sorted(p["pid"] for p in record["stopped"]) == job and record["stopped_count"] == len(job)
     assert [r["signal"] for r in record["rungs"]] == ["SIGTERM", "SIGKILL"] and record["rungs"][1]["exited"] == len(job)
 
-    rerun = run_module(args)
+    rerun = run_module("training_stop", args)
     assert rerun["rc"] == 0 and rerun["changed"] is False and rerun["selected"] == [], rerun
     assert rerun["previous"]["pid"] == module.pid and rerun["previous"]["stopped_by"] == "SIGKILL"
     note = [n for n in rerun["notes"] if n.startswith("nothing selected now; ")]
     assert note and "stopped the job with SIGKILL" in note[0] and "training_stop pid %d" % module.pid in note[0], rerun["notes"]
     assert "%d process(es)" % len(job) in note[0] and "hung up during the ladder: SIGHUP" in note[0]
-    second = run_module(args)
+    second = run_module("training_stop", args)
     assert second["changed"] is False and second["selected"] == [] and second["previous"] == rerun["previous"]
 
 
