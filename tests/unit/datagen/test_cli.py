@@ -6,11 +6,14 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import yaml
 
 from datagen.generate import settings_from_config
 from tests.support import datagen_rows as fx
 from tests.support.datagen_rows import run_cli as datagen
+
+pytestmark = pytest.mark.processes
 
 
 def test_prepare_then_skip_then_report(tmp_path):

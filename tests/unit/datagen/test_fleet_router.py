@@ -21,6 +21,8 @@ from tests.support.net import http
 from tests.support.paths import DATAGEN_FILES
 from tests.support.wait import wait_for
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("sglang_router", reason="the real sglang-router (requirements.txt) is not installed")
 
 MODEL = "lab-model"

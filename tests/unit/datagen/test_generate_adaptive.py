@@ -14,11 +14,14 @@ import statistics
 import threading
 import time
 
+import pytest
 from harness import RouterProcess, StandinProcess
 
 from datagen.gen.concurrency import parse_loads
 from datagen.generate import run_generate, settings_from_config
 from tests.support.net import http
+
+pytestmark = pytest.mark.processes
 
 CAPACITY = 8
 QUEUE_TARGET = 4

@@ -10,6 +10,8 @@ from harness import STANDIN, StandinProcess
 
 from tests.support.net import http
 
+pytestmark = pytest.mark.processes
+
 
 def post(url: str, body: dict) -> dict:
     """The JSON answer to a POST that must succeed (HTTP 200)."""

@@ -15,6 +15,8 @@ from datagen.mix import mix_findings, source_categories
 from datagen.prepare import run_prepare
 from tests.support import datagen_rows as fx
 
+pytestmark = pytest.mark.processes
+
 
 def test_source_categories_come_from_the_config_the_adapter_or_its_per_row_choice(tmp_path):
     cfg = load_config(fx.write_config(tmp_path, fx.six_sources(tmp_path, 2)), check_inputs=False)

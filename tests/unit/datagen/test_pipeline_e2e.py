@@ -13,6 +13,8 @@ from harness import StandinProcess
 from tests.support import datagen_rows as fx
 from tests.support.datagen_rows import run_cli as datagen
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def server(tiny_tokenizer):

@@ -12,6 +12,8 @@ from harness import RouterProcess, StandinProcess
 from datagen.sglang_chat import TOKEN_ID_FLAGS, canonical_request, token_ids_from_response
 from tests.support.net import HttpReply, http
 
+pytestmark = pytest.mark.processes
+
 pytest.importorskip("sglang_router", reason="the real sglang-router (requirements.txt) is not installed")
 
 

@@ -5,10 +5,13 @@ the collection's module_utils (test__datagen_ready.py)."""
 
 from __future__ import annotations
 
+import pytest
 from harness import RouterProcess, StandinProcess
 from standin import auth_allowed
 
 from tests.support.net import http
+
+pytestmark = pytest.mark.processes
 
 KEY = "k3y-" + "x" * 40
 CHAT = {"model": "lab-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

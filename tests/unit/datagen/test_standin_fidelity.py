@@ -28,6 +28,8 @@ from tests.support.net import http
 from tests.support.paths import DATAGEN_FILES
 from tests.support.wait import wait_for
 
+pytestmark = pytest.mark.processes
+
 ERROR_KEYS = {"object", "message", "type", "param", "code"}  # entrypoints/openai/protocol.py ErrorResponse
 # 40 tokens + the stop token, 0.05 s each: two seconds in the model
 SLOW = ["--min-tokens", "40", "--max-natural-tokens", "40", "--token-latency", "0.05"]

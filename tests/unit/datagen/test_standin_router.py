@@ -15,6 +15,8 @@ from harness import STANDIN, RouterProcess, StandinProcess
 from tests.support.net import http
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.processes
+
 BUILDER = os.path.join(ROOT, "tests", "lab", "tokenizer", "build_tokenizer.py")
 LAB_TOKENIZER = os.path.join(ROOT, "tests", "lab", "tokenizer", "lab-tokenizer")
 

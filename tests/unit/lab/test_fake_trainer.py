@@ -20,7 +20,7 @@ from trainer_harness import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 
 
 @pytest.fixture

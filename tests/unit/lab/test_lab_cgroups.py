@@ -17,8 +17,8 @@ from tests.lab.labctl import containers as lab
 
 PIDS = "/sys/fs/cgroup/pids"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir(PIDS),
-                                reason="creating cgroups needs root and the v1 pids hierarchy")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0 or not os.path.isdir(PIDS),
+                                 reason="creating cgroups needs root and the v1 pids hierarchy"), pytest.mark.processes]
 
 
 @pytest.fixture

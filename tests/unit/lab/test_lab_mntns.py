@@ -16,7 +16,7 @@ import pytest
 
 from tests.lab.labctl import supervisor as lab
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and overlays need root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and overlays need root"), pytest.mark.processes]
 
 
 def in_new_mount_ns(script: str) -> subprocess.Popen:

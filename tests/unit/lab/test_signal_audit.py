@@ -13,7 +13,7 @@ from trainer_harness import PYTHON, Trainer, alive, wait_for
 
 from tests.support.paths import LAB_DIR
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 
 
 def by_pid(directory: str) -> dict[int, dict]:

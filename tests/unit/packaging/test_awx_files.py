@@ -27,6 +27,8 @@ import yaml
 
 from tests.support import built_collection as bc
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def synced(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -15,6 +15,8 @@ import yaml
 from tests.support.paths import ROOT
 from tests.support.surveys import SELECTION, VARIABLES_DOC, SurveyError, rendered, survey, written_files
 
+pytestmark = pytest.mark.processes
+
 CHOSEN = yaml.safe_load(SELECTION.read_text(encoding="utf-8"))
 
 

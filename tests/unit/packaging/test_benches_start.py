@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.paths import ROOT, TESTS
 
+pytestmark = pytest.mark.processes
+
 BENCHES = sorted(p.stem for p in (TESTS / "bench").glob("bench_*.py"))
 
 

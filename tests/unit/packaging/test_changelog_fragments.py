@@ -29,6 +29,8 @@ from packaging.version import Version
 
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.processes
+
 FRAGMENTS = sorted((ROOT / "changelogs" / "fragments").glob("*.y*ml"))
 CONFIG = yaml.safe_load((ROOT / "changelogs" / "config.yaml").read_text())
 RELEASES = yaml.safe_load((ROOT / "changelogs" / "changelog.yaml").read_text()).get("releases") or {}

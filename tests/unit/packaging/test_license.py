@@ -10,9 +10,12 @@ import os
 import re
 import subprocess
 
+import pytest
 import yaml
 
 from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.processes
 
 SPDX = re.compile(r"SPDX-License-Identifier:\s*([A-Za-z0-9.+-]+)")
 CITED = re.compile(r"\(see (LICENSES/[^ )]+)")

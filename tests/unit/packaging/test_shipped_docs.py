@@ -22,6 +22,8 @@ import yaml
 
 from tests.support import built_collection as bc
 
+pytestmark = pytest.mark.processes
+
 # [text](target) in Markdown; `text <target>`_ and .. _label: target in RST. Anchors (#...) and mailto: are not files.
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
 RST_LINK = re.compile(r"`[^`<]*<([^>`]+)>`_{1,2}|^\.\. _[^:\n]+:[ \t]+(\S+)[ \t]*$", re.MULTILINE)

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.support.playbook import run_playbook
 from tests.support.stop_training import REPURPOSE_PLAYBOOK
+
+pytestmark = pytest.mark.processes
 
 
 def test_a_pve_host_in_the_play_is_named_as_not_a_container(tmp_path):

@@ -37,7 +37,7 @@ from tests.support import datagen_rows as fx
 from tests.support.paths import DATAGEN_FILES, ROOT
 from tests.support.playbook import ansible_env, run_playbook
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
 
 MODULE_UTILS = ROOT / "plugins" / "module_utils"
 PREFIX = "ansible_collections.gpuops.repurpose.plugins.module_utils"

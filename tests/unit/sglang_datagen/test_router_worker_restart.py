@@ -14,11 +14,14 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
+import pytest
 import yaml
 from harness import RouterProcess, StandinProcess
 
 from tests.support.net import http
 from tests.support.paths import ROOT
+
+pytestmark = pytest.mark.processes
 
 DEFAULTS = ROOT / "roles" / "sglang_datagen" / "defaults" / "main.yml"
 

@@ -21,6 +21,8 @@ KEY = "k3y-Zm9vYmFyYmF6cXV4LXRoaXMtaXMtbm90LXJlYWw"
 
 import serve_keyed  # noqa: E402  (the node-side script; tests/conftest.py puts its directory on sys.path)
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def key_file(tmp_path: Path) -> Path:

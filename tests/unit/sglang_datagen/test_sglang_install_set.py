@@ -32,7 +32,7 @@ INDEX = "https://pypi.org/simple"
 # the node: CPython 3.11 on glibc x86_64 (sglang 0.5.23's wheel is manylinux_2_34; pip takes --platform literally)
 PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(34, 16, -1)] + ["manylinux2014_x86_64", "linux_x86_64"]
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.processes]
 
 
 def ca_bundle() -> List[str]:

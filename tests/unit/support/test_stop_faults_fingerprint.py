@@ -6,6 +6,8 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_stat
 from tests.support.ct200 import ps_table
 from tests.support.stop_faults import (
@@ -15,6 +17,8 @@ from tests.support.stop_faults import (
     controller_running,
     left_behind,
 )
+
+pytestmark = pytest.mark.processes
 
 JOB = {100, 101, 102}
 PS = """\

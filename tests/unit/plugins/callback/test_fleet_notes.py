@@ -9,10 +9,14 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.callback.fleet_notes import interrupted_message, unreachable_lines
 from tests.support.playbook import ansible_env, playbook_argv
 from tests.support.stop_training import REPURPOSE_PLAYBOOK
 from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.processes
 
 
 def test_the_messages():

@@ -11,6 +11,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._datagen import l
 from tests.support import datagen_rows as fx
 from tests.support.module import run_module
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture
 def labelled(tmp_path):

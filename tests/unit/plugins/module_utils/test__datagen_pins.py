@@ -13,6 +13,8 @@ import pytest
 from ansible_collections.gpuops.repurpose.plugins.module_utils._datagen import pins
 from tests.support.module import run_module
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.mark.parametrize("line,pin", [
     ("PyYAML==6.0.4", ("pyyaml", "6.0.4")),

@@ -12,6 +12,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._datagen import r
 from tests.support.module import run_module
 from tests.support.net import http
 
+pytestmark = pytest.mark.processes
+
 # ---------------------------------------------------------------- pure
 
 

@@ -12,6 +12,8 @@ import pytest
 from ansible_collections.gpuops.repurpose.plugins.module_utils._datagen import secret
 from tests.support.module import run_module
 
+pytestmark = pytest.mark.processes
+
 
 def test_write_once_writes_a_private_file_and_never_replaces_one(tmp_path):
     path = str(tmp_path / "key")

@@ -19,6 +19,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import
     GpuProcess,
 )
 
+pytestmark = pytest.mark.processes
+
 MIB = 1024 * 1024
 NAME = "NVIDIA RTX PRO 6000 Blackwell Workstation Edition"
 UUIDS = ["GPU-72e5f72d-18ee-5e60-842e-9c4a48fc83cd", "GPU-981ec1ea-ec8c-5678-b94e-043da42b32b1"]

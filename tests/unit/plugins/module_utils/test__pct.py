@@ -16,6 +16,8 @@ import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import command as _pct
 
+pytestmark = pytest.mark.processes
+
 HOSTILE = [
     "",
     "plain",

@@ -7,7 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 
+import pytest
+
 from ansible_collections.gpuops.repurpose.plugins.module_utils._pct import host as _pct_host
+
+pytestmark = pytest.mark.processes
 
 
 class Host:

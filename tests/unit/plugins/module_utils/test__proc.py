@@ -31,6 +31,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import (
     task_states,
 )
 
+pytestmark = pytest.mark.processes
+
 STAT = ("32244 (python3) S 3012 32244 3012 34816 32244 4194560 1 0 0 0 5 3 0 0 20 0 9 0 "
         "912345 1000 10 18446744073709551615 1 1 0 0 0 0 0 16781312 2 0 0 0 17 1 0 0 0 0 0")
 

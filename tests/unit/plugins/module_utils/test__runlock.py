@@ -17,6 +17,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.ladder_lock
     lock_key,
 )
 
+pytestmark = pytest.mark.processes
+
 HOLDER = """
     import fcntl, json, os, sys, time
     fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)

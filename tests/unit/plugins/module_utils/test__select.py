@@ -43,6 +43,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
 )
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.processes
+
 PVE_CT200 = "0::/lxc/200/ns/user.slice\n"
 PVE_CT201 = "0::/lxc/201/ns/user.slice\n"
 TRAIN = "/opt/lab/trainer/fake_trainer.py"

@@ -14,6 +14,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._stop import repo
 from ansible_collections.gpuops.repurpose.plugins.module_utils._stop import scan as _stop_job_scan
 from ansible_collections.gpuops.repurpose.plugins.module_utils._stop.select import Member, Selection
 
+pytestmark = pytest.mark.processes
+
 
 def member(pid, pgid, depth, how="child"):
     info = ProcessInfo(pid=pid, ppid=1, pgid=pgid, sid=pgid, state="S", starttime=1000 + pid, comm="python3",

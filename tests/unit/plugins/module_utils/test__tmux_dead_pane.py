@@ -15,7 +15,7 @@ import pytest
 
 from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import tmux_panes
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+pytestmark = [pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"), pytest.mark.processes]
 
 
 def test_a_dead_pane_is_left_out_and_a_live_one_is_listed(tmp_path):

@@ -55,6 +55,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._tmux import (
     tmux_arg,
 )
 
+pytestmark = pytest.mark.processes
+
 ARGV = ["python3", "/opt/lab/trainer/fake_trainer.py", "--behaviour", "stubborn", "--nproc", "8",
         "--ckpt-dir", "/root/dflash/checkpoints", "--data=/data/old"]
 STEP = re.compile(DEFAULT_STEP_REGEX)

@@ -35,6 +35,8 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._lock import (
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_starttime
 from tests.support.paths import ROOT
 
+pytestmark = pytest.mark.processes
+
 ENV = dict(os.environ, PYTHONPATH=str(ROOT / ".collections"))
 OWNER = {"controller": "ctl.example.internal", "controller_pid": 4242, "user": "awx", "awx_job_id": "77"}
 

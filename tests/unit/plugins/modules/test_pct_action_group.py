@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from tests.support.playbook import run_playbook
+
+pytestmark = pytest.mark.processes
 
 PLAY = textwrap.dedent("""\
     - name: The pct group's defaults

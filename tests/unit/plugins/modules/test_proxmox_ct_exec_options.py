@@ -15,6 +15,8 @@ import pytest
 
 from tests.support.module import run_module
 
+pytestmark = pytest.mark.processes
+
 # each run bounded to 60 s
 run_exec = functools.partial(run_module, "proxmox_ct_exec", timeout=60)
 

@@ -9,6 +9,8 @@ import pytest
 
 from tests.support.module import run_module
 
+pytestmark = pytest.mark.processes
+
 
 def check_ladder(tmp_path: Path, ladder: list) -> dict:
     # a regex no process matches: the module validates, selects nothing and signals nothing
