@@ -17,8 +17,9 @@ from trainer_harness import (
     alive,
     latest_checkpoint,
     verify_checkpoint,
-    wait_for,
 )
+
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 
@@ -67,7 +68,7 @@ def test_graceful_sigint_to_launcher_checkpoints_and_exits(job):
     trainer = job("graceful")
     trainer.proc.send_signal(signal.SIGINT)
     assert trainer.proc.wait(timeout=20) == 0
-    wait_for(lambda: not trainer.workers(), 10, what="workers gone")
+    wait_for(lambda: not trainer.workers(), 10, what="workers gone", interval=0.02)
     path, step = latest_checkpoint(trainer.ckpt_dir)
     assert step >= 682 and "saved %s" % path in trainer.log()
 
@@ -80,7 +81,7 @@ def test_slow_checkpoint_file_keeps_growing_while_saving(job):
         names = [n for n in os.listdir(trainer.ckpt_dir) if n.endswith(".tmp")]
         return os.path.join(trainer.ckpt_dir, names[0]) if names else None
 
-    tmp = wait_for(tmp_file, 10, what="checkpoint .tmp")
+    tmp = wait_for(tmp_file, 10, what="checkpoint .tmp", interval=0.02)
     sizes = []
     for _sample in range(4):
         try:
@@ -124,7 +125,7 @@ def test_stubborn_workers_ignore_int_and_term_only_kill_ends_them(job):
     for pid in workers:
         os.kill(pid, signal.SIGTERM)
     steps_before = trainer.log().count("step ")
-    wait_for(lambda: trainer.log().count("step ") > steps_before + 2, 10, what="steps continuing")
+    wait_for(lambda: trainer.log().count("step ") > steps_before + 2, 10, what="steps continuing", interval=0.02)
     assert all(alive(pid) for pid in workers)
     assert trainer.proc.poll() is None  # the launcher waits forever
     trainer.proc.send_signal(signal.SIGTERM)
@@ -147,7 +148,7 @@ def test_orphans_launcher_exits_workers_live_on_reparented(job):
             assert int(handle.read().rsplit(")", 1)[1].split()[1]) != launcher
     for pid in workers:
         os.kill(pid, signal.SIGTERM)  # they still stop gracefully
-    wait_for(lambda: not any(alive(pid) for pid in workers), 10, what="orphans gone")
+    wait_for(lambda: not any(alive(pid) for pid in workers), 10, what="orphans gone", interval=0.02)
     assert latest_checkpoint(trainer.ckpt_dir)[1] >= 682
 
 
@@ -156,13 +157,13 @@ def test_respawn_restarts_dead_workers_ignores_sigint_stops_on_sigterm(job):
     victim = trainer.workers()[0]
     os.kill(victim, signal.SIGKILL)
     wait_for(lambda: len(trainer.restarts()) == 1 and len(trainer.workers()) == 2 and victim not in trainer.workers(),
-             10, what="respawn")
+             10, what="respawn", interval=0.02)
     trainer.proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
     assert trainer.proc.poll() is None and len(trainer.workers()) == 2
     trainer.proc.send_signal(signal.SIGTERM)
     assert trainer.proc.wait(timeout=20) == 0
-    wait_for(lambda: not trainer.workers(), 10, what="workers gone")
+    wait_for(lambda: not trainer.workers(), 10, what="workers gone", interval=0.02)
     assert len(trainer.restarts()) == 1
 
 

@@ -9,9 +9,10 @@ import subprocess
 
 import pytest
 from signal_audit import ENV, read_audit
-from trainer_harness import PYTHON, Trainer, alive, wait_for
+from trainer_harness import PYTHON, Trainer, alive
 
 from tests.support.paths import LAB_DIR
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 
@@ -33,13 +34,13 @@ def test_stubborn_workers_record_the_ignored_sigterm_and_the_launcher_its_stop(t
         workers = trainer.workers()
         launcher = trainer.launcher()
         os.kill(workers[0], signal.SIGTERM)
-        wait_for(lambda: by_pid(audit_env).get(workers[0], {}).get("signals") == ["SIGTERM"], 10, what="record")
+        wait_for(lambda: by_pid(audit_env).get(workers[0], {}).get("signals") == ["SIGTERM"], 10, what="record", interval=0.02)
         assert alive(workers[0]), "a stubborn worker ignores SIGTERM, audited or not"
         os.kill(launcher, signal.SIGINT)
         # the launcher forwards SIGTERM to each worker (torchrun's teardown), and both are recorded
         wait_for(lambda: all(by_pid(audit_env).get(w, {}).get("signals", [])[-1:] == ["SIGTERM"]
                              and len(by_pid(audit_env)[w]["signals"]) == (2 if w == workers[0] else 1)
-                             for w in workers), 10, what="forwarded SIGTERM recorded")
+                             for w in workers), 10, what="forwarded SIGTERM recorded", interval=0.02)
         got = by_pid(audit_env)
         assert got[launcher]["role"] == "launcher" and got[launcher]["signals"] == ["SIGINT"]
         assert {got[w]["role"] for w in workers} == {"worker-0", "worker-1"}
@@ -53,7 +54,7 @@ def test_graceful_worker_stops_after_its_record(tmp_path, audit_env):
     try:
         worker = trainer.workers()[0]
         os.kill(worker, signal.SIGTERM)
-        wait_for(lambda: not alive(worker), 10, what="graceful worker exit")
+        wait_for(lambda: not alive(worker), 10, what="graceful worker exit", interval=0.02)
         assert by_pid(audit_env)[worker]["signals"] == ["SIGTERM"]
     finally:
         trainer.cleanup()
@@ -64,10 +65,10 @@ def test_decoy_records_sighup_ignored_and_sigterm_ends_it(tmp_path, audit_env):
     env = dict(os.environ)  # the decoy finds the audit module next to its source (in the lab: /opt/lab/trainer)
     proc = subprocess.Popen([PYTHON, script, "--run-startup-triggers"], env=env, start_new_session=True)
     try:
-        wait_for(lambda: proc.pid in by_pid(audit_env), 10, what="decoy up")
+        wait_for(lambda: proc.pid in by_pid(audit_env), 10, what="decoy up", interval=0.02)
         assert by_pid(audit_env)[proc.pid]["signals"] == []
         os.kill(proc.pid, signal.SIGHUP)
-        wait_for(lambda: by_pid(audit_env)[proc.pid]["signals"] == ["SIGHUP"], 10, what="SIGHUP recorded")
+        wait_for(lambda: by_pid(audit_env)[proc.pid]["signals"] == ["SIGHUP"], 10, what="SIGHUP recorded", interval=0.02)
         assert proc.poll() is None
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
