@@ -118,8 +118,8 @@ def _plugins(installed: Path) -> dict[str, list[str]]:
                 continue  # a file of several filters: each is documented in a .yml of its own
             found.setdefault(kind, []).append(f"{bc.NAMESPACE}.{bc.NAME}.{path.stem}")
         if kind == "filter":
-            found[kind] = sorted(found.get(kind, []) + [f"{bc.NAMESPACE}.{bc.NAME}.{path.stem}"
-                                                       for path in (installed / "plugins" / directory).glob("*.yml")])
+            pages = [f"{bc.NAMESPACE}.{bc.NAME}.{path.stem}" for path in (installed / "plugins" / directory).glob("*.yml")]
+            found[kind] = sorted(found.get(kind, []) + pages)
     return found
 
 
