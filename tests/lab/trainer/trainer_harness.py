@@ -5,14 +5,13 @@
 """Test harness for the fake trainer and ``training_stop`` (used by tests and tests/bench).
 
 Starts real process trees, real decoys and real tmux servers (each on its own
-socket), runs the real module in a subprocess, and cleans up only what it
+socket; tests/support/module.py runs the real module), and cleans up only what it
 started: every process it kills carries the test's unique directory in its
 command line or was started by it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -25,8 +24,6 @@ import fake_trainer  # next to this file: on sys.path as the script directory, o
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 TRAINER = os.path.join(HERE, "fake_trainer.py")
-COLLECTIONS = os.path.join(ROOT, ".collections")
-MODULE = "ansible_collections.gpuops.repurpose.plugins.modules.training_stop"
 PYTHON = sys.executable
 
 
@@ -257,35 +254,6 @@ class Tmux:
         self.run("kill-server", check=False)
         if pid.isdigit():
             wait_for(lambda: not alive(int(pid)), 5, what="tmux server exit")
-
-
-def module_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = COLLECTIONS + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def run_module(args: dict, check_mode: bool = False, diff: bool = False, timeout: float = 120,
-               prefix: list[str] | None = None, module: str | None = None) -> dict:
-    """Run the real module in its own process (as AnsiballZ would) and return its JSON result.
-
-    ``prefix`` wraps the interpreter (e.g. ``setpriv ...`` to run it with fewer privileges); ``module`` is the
-    module's import name (default :data:`MODULE`, ``training_stop``; tests/support/module.py names the others).
-    """
-    payload = dict(args)
-    if check_mode:
-        payload["_ansible_check_mode"] = True
-    if diff:
-        payload["_ansible_diff"] = True
-    done = subprocess.run(list(prefix or []) + [PYTHON, "-m", module or MODULE, json.dumps({"ANSIBLE_MODULE_ARGS": payload})],
-                          capture_output=True, text=True, timeout=timeout, env=module_env(), cwd=ROOT,
-                          stdin=subprocess.DEVNULL, check=False)
-    try:
-        result = json.loads(done.stdout)
-    except ValueError:
-        raise AssertionError("module printed no JSON (rc %s):\n%s\n%s" % (done.returncode, done.stdout, done.stderr)) from None
-    result["rc"] = done.returncode
-    return result
 
 
 def have_tmux() -> bool:
