@@ -6,7 +6,6 @@ rendered as the role renders them, and the service's ``ExecCondition`` command l
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -24,13 +23,12 @@ def render(name: str, work: str, config: str) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined)
     env.filters["quote"] = shlex.quote
     env.filters["bool"] = bool
-    env.filters["from_json"] = json.loads
     return env.get_template(name).render(
         ansible_managed="managed", sglang_datagen_stages=["prepare", "generate"], sglang_datagen_serve=False,
         sglang_datagen_use_router=False, sglang_datagen_work_dir=work, sglang_datagen_home="/opt/datagen",
         sglang_datagen_venv="/opt/datagen/venv", sglang_datagen_config_path=config,
         # what `datagen check-config` reports (the unit sizes its open-file limit from max_in_flight)
-        sglang_datagen__check={"stdout": json.dumps({"max_in_flight": 4})},
+        sglang_datagen__max_in_flight=4,
         sglang_datagen_resume_after_boot_delay=30, sglang_datagen_pipeline_restart_delay=60,
         sglang_datagen__needs_key=False,
         sglang_datagen__all_worker_urls=["http://127.0.0.1:30001"])
