@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: put_files
 short_description: Write a group of files on the target, only those that differ in content or mode
-version_added: 1.0.0
+version_added: 1.1.0
 author:
   - gpuops.repurpose maintainers (@gpuops)
 description:

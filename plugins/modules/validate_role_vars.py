@@ -8,7 +8,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: validate_role_vars
 short_description: Check a role's variables on the controller, one line per mistake with its fix
-version_added: 1.0.0
+version_added: 1.1.0
 author:
   - gpuops.repurpose maintainers (@gpuops)
 description:
