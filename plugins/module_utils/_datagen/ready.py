@@ -5,7 +5,7 @@
 """``sglang_ready_wait``'s gate: every SGLang worker ready, and the router routing to every one of them.
 
 This is a PRIVATE module_utils of gpuops.repurpose; its API may change at any
-time. Standard library only (it runs on targets).
+time. It runs on targets: the standard library and ``ansible.module_utils.urls``, which AnsiballZ ships.
 
 Why not the router's own ``/health_generate``: sglang-router 0.3.2 answers it 200 ("At least one router has
 healthy workers") as soon as ONE worker is registered, without asking the workers. And a worker that is not
@@ -23,7 +23,9 @@ import json
 import time
 import typing as t
 import urllib.error
-import urllib.request
+
+from ansible.module_utils.urls import ConnectionError as UrlsConnectionError
+from ansible.module_utils.urls import open_url
 
 PROBE_TIMEOUT = 60.0  # SGLang's own health check waits up to 20 s for its one-token generation
 
@@ -86,16 +88,16 @@ def bearer_headers(api_key: str) -> t.Dict[str, str]:
 
 
 def urllib_http(headers: t.Mapping[str, str]) -> Http:
-    """An :data:`Http` over urllib sending HEADERS."""
+    """An :data:`Http` over Ansible's ``open_url`` (urllib underneath) sending HEADERS."""
     def call(method: str, url: str, body: t.Optional[t.Dict[str, t.Any]], timeout: float) -> t.Tuple[int, str]:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(url, data=data, method=method, headers=dict(headers))
         try:
-            with urllib.request.urlopen(req, timeout=max(1.0, timeout)) as resp:
+            with open_url(url, data=data, headers=dict(headers), method=method, timeout=max(1.0, timeout),
+                          use_netrc=False) as resp:
                 return resp.status, resp.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode("utf-8", "replace")
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, UrlsConnectionError, OSError) as exc:
             return 0, str(getattr(exc, "reason", exc))
     return call
 
