@@ -453,7 +453,9 @@ def test_the_config_text_is_byte_for_byte_what_earlier_releases_wrote(tmp_path, 
 
 
 def render_unit(tmp_path, role_vars: dict) -> str:
-    facts = {"sglang_datagen__all_worker_urls": ["http://127.0.0.1:31000"], "sglang_datagen__needs_key": False}
+    # what the validation pass leaves (validate.yml): the worker URLs, the key, check-config's in-flight bound
+    facts = {"sglang_datagen__all_worker_urls": ["http://127.0.0.1:31000"], "sglang_datagen__needs_key": False,
+             "sglang_datagen__max_in_flight": 64}
     run, res = play(tmp_path, dict(role_vars, **facts), "finished.yml", [
         {"name": "SHOW", "ansible.builtin.debug": {
             "msg": "{{ lookup('ansible.builtin.template', '%s') }}" % (ROLE / "templates" / "datagen-pipeline.service.j2")},
