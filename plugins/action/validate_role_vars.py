@@ -23,6 +23,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.gpuops.repurpose.plugins.plugin_utils._role_vars import (
     public_names,
     role_problems,
+    type_errors,
     unknown_variables,
 )
 
@@ -45,7 +46,8 @@ class ActionModule(ActionBase):
         unknown = unknown_variables(public_names(host_vars.keys(), prefix), list(spec))
         failure, warning = role_problems(prefix, checked.error_messages, values, unknown,
                                          boolean(self._task.args.get("strict", False), strict=False))
-        result.update(changed=False, argument_errors=checked.error_messages, unknown=unknown)
+        # the spec's raw errors name Ansible's internal types; what is returned is the line per variable the msg has
+        result.update(changed=False, argument_errors=type_errors(checked.error_messages, values), unknown=unknown)
         if failure:
             result.update(failed=True, msg=failure)
         elif warning:

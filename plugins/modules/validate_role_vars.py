@@ -78,7 +78,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 argument_errors:
-  description: The argument spec's own errors, as M(ansible.builtin.validate_argument_spec) returns them.
+  description: One line per variable of the wrong type or value, with its fix (the lines of RV(msg) without its heading).
   returned: always
   type: list
   elements: str

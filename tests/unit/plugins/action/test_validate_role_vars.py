@@ -101,6 +101,7 @@ def test_a_wrong_type_fails_in_one_line_with_the_value_and_the_fix(tmp_path):
     assert rc != 0
     assert "checker: invalid variables, nothing was run:" in out
     assert 'checker_timeout="sixty" is not a number (e.g. 60): set checker_timeout to a number (e.g. 60)' in out
+    assert "_AnsibleTaggedStr" not in out and "cannot be converted" not in out  # no raw spec error in the result
 
 
 def test_a_misspelt_name_warns_without_v_and_the_run_goes_on(tmp_path):
