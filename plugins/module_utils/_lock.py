@@ -225,13 +225,15 @@ def acquire(path: str, run_id: str, owner: t.Mapping[str, t.Any], wait: float, e
     """
     check_inputs(run_id, wait, expiry)
     deadline = Deadline(wait, clock=monotonic)
+    held_before = False  # only time spent behind another run is waiting; a slow free take is not
     while True:
         result, held_by = try_acquire(path, run_id, owner, expiry, take_over, clock(), check_mode)
         if result is not None:
-            result["waited"] = round(deadline.elapsed(), 2)
-            if result["changed"] and deadline.elapsed() > POLL_S:
+            result["waited"] = round(deadline.elapsed(), 2) if held_before else 0.0
+            if result["changed"] and held_before:
                 result["waited_for_other_run"] = True
             return result
+        held_before = True
         if check_mode:
             msg = "lock %s is held by %s; a real run would wait up to %g s for it" % (path, describe(held_by), wait)
             return {"changed": False, "acquired": False, "holder": held_by, "waited": 0.0, "would_wait": True,

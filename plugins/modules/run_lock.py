@@ -172,7 +172,7 @@ description:
   type: str
   sample: run 4242-20261201T080102-123456, AWX job 77, by awx on controller ctl1.example.internal (ansible-playbook pid 4242)
 waited:
-  description: Seconds this run waited for the lock.
+  description: Seconds this run waited while another run held the lock; 0 when the lock was free.
   returned: state is acquired
   type: float
 waited_for_other_run:

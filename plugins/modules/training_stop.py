@@ -403,7 +403,7 @@ previous:
            stopped: [{pid: 5120, cmdline: "torchrun --nproc-per-node 8 train.py"}, {pid: 5121, cmdline: "python -u train.py"}],
            rungs: [{signal: SIGTERM, via: null, sent_at: 0.01, exited: 0}, {signal: SIGKILL, via: null, sent_at: 30.02, exited: 2}]}
 lock_waited:
-  description: Seconds this run waited for another ladder on the same selection.
+  description: Seconds this run waited for another ladder on the same selection; 0 when none held the lock.
   returned: always
   type: float
   sample: 0.0

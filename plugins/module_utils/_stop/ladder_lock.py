@@ -101,7 +101,8 @@ class RunLock:
                 "another ladder is still running for this selection: %s; waited %gs (lock_timeout). Nothing was "
                 "signalled by this run. Wait for it, or raise lock_timeout." % (
                     describe_holder(self.holder(), self.wall()), timeout))
-        self.waited = self.clock() - started
+        # only time spent behind another run counts: taking a free lock is not waiting, however slow the host
+        self.waited = self.clock() - started if self.waited_for else 0.0
         self.fd = fd
         # the holder's description, for whoever waits next (written in place: only the holder writes it)
         os.ftruncate(fd, 0)
