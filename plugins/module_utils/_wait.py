@@ -44,6 +44,11 @@ class Deadline:
             self.timeout = self.at - self.started
 
 
+class SampleCut(Exception):
+    """Raised by a sample (or its judgement) the wait's own end cut short: the wait ends timed out on the last
+    whole sample, not failed. Its message says what was cut."""
+
+
 @dataclass
 class WaitResult:
     free: bool
@@ -53,6 +58,7 @@ class WaitResult:
     elapsed: float
     history: list[dict] = field(default_factory=list)
     timed_out: bool = False
+    cut: str = ""  # what the wait's end cut short (SampleCut's message), when it ended that way
 
 
 def _history_entry(sample: t.Any, started: float, free: bool, counted: t.Mapping[int, int]) -> dict:
@@ -87,13 +93,19 @@ class Waiter:
             self.sleep(min(self.delay, deadline.remaining()))
         streak = count = 0
         first: t.Any = None
+        last: t.Any = None
         history: list[dict] = []
         while True:
             began = self.clock()
-            sample = sample_fn()
+            try:
+                sample = sample_fn()
+                free, counted = free_fn(sample)
+            except SampleCut as cut:
+                if last is None:  # nothing whole to judge by: the cut is the wait's failure
+                    raise
+                return WaitResult(False, first, last, count, deadline.elapsed(), history, timed_out=True, cut=str(cut))
             count = self.samples = count + 1
-            first = first or sample
-            free, counted = free_fn(sample)
+            first, last = first or sample, sample
             sample.took = self.clock() - began  # backend calls and judgement: the next sample starts interval after
             streak = streak + 1 if free else 0
             history.append(_history_entry(sample, wall_start, free, counted))

@@ -54,6 +54,9 @@ options:
         max(O(timeout), 5) seconds into the wait (each gets at least 0.5 s), so a hung driver cannot hold the
         wait longer. V(0) still gives its one sample up to 5 s, since a working C(nvidia-smi) on a node without
         persistence mode can take seconds.
+      - A call given those 5 s that does not answer, the memory query or the process list, fails the wait as a
+        hung driver. A call the wait's end cut shorter proves nothing, so the wait ends as a timeout, judged
+        by its last whole sample, and its message says which call was cut.
     type: float
     default: 120
   interval:

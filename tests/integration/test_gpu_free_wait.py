@@ -178,6 +178,50 @@ def test_hung_and_missing_nvidia_smi(fake, tmp_path):
     assert out["elapsed"] < 5.5, out
 
 
+def test_a_process_list_call_that_hangs_fails_the_wait_as_a_hung_driver(fake, tmp_path):
+    """The driver hangs between a sample's memory query and its process list (asked only while memory is held):
+    the list is advisory when nvidia-smi says it cannot give one, but a call that does not answer is the hung
+    driver, and the wait fails naming it within its timeout instead of reporting "not released"."""
+    hung = tmp_path / "hung-process-list"  # sleep under a name only this test's calls have
+    hung.symlink_to(shutil.which("sleep"))
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\ncase \"$*\" in *--query-compute-apps*) exec %s 60;; esac\nexec %s \"$@\"\n"
+                   % (shlex.quote(str(hung)), shlex.quote(NVIDIA_SMI)))
+    smi.chmod(0o755)
+    holder = fake.hold([3], mib=80000)
+    out = run_free_wait(fake, nvidia_smi_path=str(smi), timeout=6, interval=0.2)
+    fake.kill(holder)
+    assert out["failed"] and out["free"] is False, out
+    assert "did not answer within" in out["msg"] and "(hung driver or lost GPU?)" in out["msg"], out["msg"]
+    assert out["elapsed"] <= 6 + 1, out  # the call was cut to the wait's time left
+    left = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if str(hung) in cmdline_text(pid)]
+    assert left == [], "the hung call was left running"
+
+
+def test_a_memory_query_the_waits_end_cuts_short_is_a_timeout_on_the_last_whole_sample(fake, tmp_path):
+    """The driver stops answering 4 s into a 6 s wait: the call started then gets the wait's last 2 s, less than a
+    working nvidia-smi may need, so its timeout proves nothing; the wait ends "not released" naming the holder
+    from the last whole sample, and says which call was cut."""
+    first = tmp_path / "first-call"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(
+        "#!/bin/sh\n"
+        "[ -e {first} ] || date +%s.%N > {first}\n"
+        "now=$(date +%s.%N); began=$(cat {first})\n"
+        "if awk -v n=\"$now\" -v b=\"$began\" 'BEGIN {{ exit !(n - b >= 4) }}'; then exec sleep 60; fi\n"
+        "exec {smi} \"$@\"\n".format(first=shlex.quote(str(first)), smi=shlex.quote(NVIDIA_SMI)))
+    smi.chmod(0o755)
+    holder = fake.hold([3], mib=80000)
+    out = run_free_wait(fake, nvidia_smi_path=str(smi), timeout=6, interval=0.2)
+    fake.kill(holder)
+    assert out["failed"] and out["free"] is False, out
+    assert out["msg"].startswith("GPU memory not released within 6"), out["msg"]
+    assert "pid %d" % holder.pid in out["msg"] and "GPU 3 80004 MiB" in out["msg"], out["msg"]
+    assert "the last nvidia-smi call was cut at the wait's end" in out["msg"], out["msg"]
+    assert out["holders"][0]["pid"] == holder.pid and out["samples"] >= 2, out
+    assert out["elapsed"] <= 6 + 1, out
+
+
 @pytest.mark.parametrize("args, fragment", [
     (dict(gpus=["9"]), "gpus: no GPU '9' here; present: 0 (GPU-"),
     (dict(gpus=["first"]), "gpus: 'first' is neither a GPU index"),

@@ -29,10 +29,22 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.judge import
     select_gpus,
     validate_options,
 )
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuError, GpuInfo, Holder, Sample
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import (
+    WORKING_CALL_S,
+    GpuError,
+    GpuInfo,
+    GpuTimeout,
+    Holder,
+    Sample,
+)
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.nvml import open_backend
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_process
-from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import CheckModeWaiter, Waiter, WaitResult
+from ansible_collections.gpuops.repurpose.plugins.module_utils._wait import (
+    CheckModeWaiter,
+    SampleCut,
+    Waiter,
+    WaitResult,
+)
 
 
 def nvidia_smi_call_bound(timeout: float, elapsed: float) -> float:
@@ -43,8 +55,23 @@ def nvidia_smi_call_bound(timeout: float, elapsed: float) -> float:
     Calls are cut so that they end by max(timeout, 5) s into the wait (never below 0.5 s): a hung driver
     cannot hold the wait past that.
     """
-    per_call = min(30.0, max(5.0, timeout))
+    per_call = min(30.0, max(WORKING_CALL_S, timeout))
     return round(max(0.5, min(per_call, max(timeout, per_call) - elapsed)), 1)
+
+
+def cut_or_hung(fn: t.Callable[..., t.Any]) -> t.Callable[..., t.Any]:
+    """FN, where a backend call that timed out is a hung driver (GpuTimeout) only when it had the time a working
+    call may need; one the wait's end cut shorter ends the wait as timed out (SampleCut)."""
+
+    def call(*args: t.Any) -> t.Any:
+        try:
+            return fn(*args)
+        except GpuTimeout as exc:
+            if exc.proves_hang:
+                raise
+            raise SampleCut("the last nvidia-smi call was cut at the wait's end (%s)" % exc) from exc
+
+    return call
 
 
 def no_process(pid: int) -> None:
@@ -93,6 +120,8 @@ def timeout_msg(p: t.Mapping[str, t.Any], result: WaitResult, report: t.Sequence
     if foreign:
         msg += " The backend lists PIDs foreign to this namespace: %s." % ", ".join(
             "%d (%s, %s MiB)" % (f["pid"], f["gpu_uuid"], f["used_mib"]) for f in foreign)
+    if result.cut:
+        msg += " The figures are the last whole sample's: %s." % result.cut
     return msg + " Nothing was signalled."
 
 
@@ -128,16 +157,18 @@ def wait_free(p: t.Mapping[str, t.Any], check_mode: bool = False,
             return judge(selected, discount, p["max_used_mib"]), {g.index: counted_mib(g, discount) for g in selected}
 
         holders_before = scan_holders(p["device_paths"], exclude_pids={os.getpid()})
-        result = waiter.wait(backend.sample, free_fn)
+        result = waiter.wait(cut_or_hung(backend.sample), cut_or_hung(free_fn))
         selected = select_gpus(result.last.gpus, wanted)
         counted, ignored, foreign = classified(scan_holders(p["device_paths"], exclude_pids={os.getpid()}),
                                                p, result.last, selected)
         before = classified(holders_before, p, result.first, select_gpus(result.first.gpus, wanted))[0]
         report = gpu_report(result.first, result.last, selected, last_discount, p["max_used_mib"])
         notes = list(getattr(backend, "notes", [])) + [n for n in result.last.notes if n]
-    except GpuError as exc:
-        return dict(failed=True, msg=str(exc), free=False, elapsed=round(waiter.elapsed(), 3), samples=waiter.samples,
-                    backend_notes=[])
+    except (GpuError, SampleCut) as exc:
+        # a cut before any whole sample leaves nothing to judge by: the cut call's own timeout is the failure
+        reason = exc.__cause__ if isinstance(exc, SampleCut) else exc
+        return dict(failed=True, msg=str(reason), free=False, elapsed=round(waiter.elapsed(), 3),
+                    samples=waiter.samples, backend_notes=[])
     finally:
         if backend is not None:
             backend.close()

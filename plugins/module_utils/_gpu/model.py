@@ -26,6 +26,25 @@ class GpuError(Exception):
     """The GPUs cannot be judged (bad input, missing or broken backend): never read as 'free'."""
 
 
+# a working nvidia-smi on a node without persistence mode can take seconds: each call gets at least this long
+# (when the wait has it left), and only a call that had it and did not answer is taken for a hung driver
+WORKING_CALL_S = 5.0
+
+
+class GpuTimeout(GpuError):
+    """A backend call did not answer within the GIVEN seconds it was allowed."""
+
+    def __init__(self, msg: str, given: float) -> None:
+        super().__init__(msg)
+        self.given = given
+
+    @property
+    def proves_hang(self) -> bool:
+        """Given the time a working call may need, it still did not answer; a call the wait's end cut shorter
+        than that says nothing about the driver."""
+        return self.given >= WORKING_CALL_S
+
+
 class BackendUnavailable(GpuError):
     """This backend cannot run here; ``backend: auto`` may fall back to the next one."""
 

@@ -16,7 +16,13 @@ import subprocess
 import time
 import typing as t
 
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuError, GpuInfo, GpuProcess, Sample
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import (
+    GpuError,
+    GpuInfo,
+    GpuProcess,
+    GpuTimeout,
+    Sample,
+)
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.nvidia_smi import (
     apps_query_argv,
     check_nvidia_smi,
@@ -42,13 +48,17 @@ def resolve_nvidia_smi(path: str) -> str:
 Runner = t.Callable[[t.Sequence[str], float], t.Tuple[int, str, str]]
 
 
+def hung_msg(program: str, timeout: float) -> str:
+    return "%s did not answer within %g s (hung driver or lost GPU?)" % (program, timeout)
+
+
 def run_command(argv: t.Sequence[str], timeout: float) -> tuple[int, str, str]:
     """Run with ``LC_ALL=C`` (numbers and messages as parsed), bounded by ``timeout``."""
     env = dict(os.environ, LC_ALL="C", LANG="C")
     try:
         proc = subprocess.run(list(argv), stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
-        raise GpuError("%s did not answer within %g s (hung driver or lost GPU?)" % (argv[0], timeout)) from exc
+        raise GpuTimeout(hung_msg(argv[0], timeout), timeout) from exc
     except OSError as exc:
         raise GpuError("cannot run %s: %s" % (argv[0], exc)) from exc
     return (proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
@@ -93,10 +103,15 @@ class NvidiaSmiBackend:
             return None, "no process list: %s" % exc
 
     def processes(self) -> tuple[t.Optional[tuple[GpuProcess, ...]], str]:
-        """The process list, or (None, why) when it cannot be had: it is advisory."""
+        """The process list, or (None, why) when it cannot be had: it is advisory, but a call that hangs is the
+        same driver as the memory query's, and GpuTimeout is raised as that one raises it."""
         self._want_processes = True
         try:
             return self._apps_result(*self.runner(apps_query_argv(self.path), self.call_timeout))
+        except GpuTimeout as exc:
+            if exc.proves_hang:
+                raise
+            return None, "no process list: %s" % exc
         except GpuError as exc:
             return None, "no process list: %s" % exc
 
@@ -119,7 +134,10 @@ class NvidiaSmiBackend:
             out, err = proc.communicate(timeout=bound)
         except subprocess.TimeoutExpired:
             self._end(proc)
-            return None, "no process list: nvidia-smi did not answer within %g s" % bound
+            hung = GpuTimeout(hung_msg(self.path, bound), bound)
+            if hung.proves_hang:
+                raise hung from None
+            return None, "no process list: %s" % hung
         return self._apps_result(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     @staticmethod

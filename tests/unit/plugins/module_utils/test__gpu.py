@@ -16,7 +16,13 @@ from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import holde
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import judge as _gpu_judge
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import nvidia_smi as _nvidia_smi
 from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu import nvidia_smi_backend as _nvidia_smi_backend
-from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import GpuError, GpuInfo, GpuProcess, Sample
+from ansible_collections.gpuops.repurpose.plugins.module_utils._gpu.model import (
+    GpuError,
+    GpuInfo,
+    GpuProcess,
+    GpuTimeout,
+    Sample,
+)
 from ansible_collections.gpuops.repurpose.plugins.module_utils._proc import read_process
 
 pytestmark = pytest.mark.processes
@@ -238,6 +244,36 @@ def test_wait_times_out_bounded_and_delay_counts():
 def test_wait_timeout_zero_samples_once():
     result, calls, _clock = run_wait(busy_until=10 ** 9, timeout=0)
     assert result.samples == 1 and not result.free
+
+
+def test_a_sample_cut_at_the_waits_end_ends_it_timed_out_on_the_last_whole_sample():
+    clock = FakeClock()
+    samples = []
+
+    def sample_fn():
+        if len(samples) == 3:
+            raise _wait.SampleCut("the fourth call was cut")
+        samples.append(Sample(at=clock.now, gpus=(), processes=(), backend="x"))
+        return samples[-1]
+
+    waiter = _wait.Waiter(timeout=10, interval=1, sleep=clock.sleep, clock=clock.clock)
+    result = waiter.wait(sample_fn, lambda sample: (False, {}))
+    assert (result.free, result.timed_out, result.cut) == (False, True, "the fourth call was cut")
+    assert result.samples == 3 and result.last is samples[2] and result.first is samples[0]
+    assert len(result.history) == 3  # the cut sample is not one
+
+
+def test_a_sample_cut_before_any_whole_one_is_the_waits_failure():
+    def sample_fn():
+        raise _wait.SampleCut("cut")
+
+    with pytest.raises(_wait.SampleCut, match="cut"):
+        _wait.Waiter(timeout=1, interval=1).wait(sample_fn, lambda sample: (False, {}))
+
+
+@pytest.mark.parametrize("given, hang", [(5.0, True), (30.0, True), (4.9, False), (0.5, False)])
+def test_only_a_call_given_a_working_calls_time_proves_a_hang(given, hang):
+    assert GpuTimeout("x", given).proves_hang is hang
 
 
 @pytest.mark.parametrize("timeout, elapsed, bound", [
