@@ -9,7 +9,7 @@ import sys
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.repurpose.plugins.filter.role_inputs import FilterModule
+from ansible_collections.gpuops.repurpose.plugins.filter.uv_index_args import FilterModule
 
 uv_index_args = FilterModule().filters()["uv_index_args"]
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpuops.repurpose.plugins.filter.role_inputs import FilterModule
+from ansible_collections.gpuops.repurpose.plugins.filter import regex_errors as regex_errors_plugin
+from ansible_collections.gpuops.repurpose.plugins.filter import unknown_variables as unknown_variables_plugin
 from tests.support.paths import ROOT
 
-FILTERS = FilterModule().filters()
-regex_errors = FILTERS["regex_errors"]
-unknown_variables = FILTERS["unknown_variables"]
+regex_errors = regex_errors_plugin.FilterModule().filters()["regex_errors"]
+unknown_variables = unknown_variables_plugin.FilterModule().filters()["unknown_variables"]
 
 pytestmark = pytest.mark.processes  # ansible, run for real on localhost
 
