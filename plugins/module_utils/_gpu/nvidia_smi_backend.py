@@ -52,6 +52,14 @@ def hung_msg(program: str, timeout: float) -> str:
     return "%s did not answer within %g s (hung driver or lost GPU?)" % (program, timeout)
 
 
+def no_process_list(exc: GpuError) -> tuple[None, str]:
+    """The process list is advisory: (None, why); but a call that proves the driver hung raises, as the memory
+    query's would."""
+    if isinstance(exc, GpuTimeout) and exc.proves_hang:
+        raise exc
+    return None, "no process list: %s" % exc
+
+
 def run_command(argv: t.Sequence[str], timeout: float) -> tuple[int, str, str]:
     """Run with ``LC_ALL=C`` (numbers and messages as parsed), bounded by ``timeout``."""
     env = dict(os.environ, LC_ALL="C", LANG="C")
@@ -108,12 +116,8 @@ class NvidiaSmiBackend:
         self._want_processes = True
         try:
             return self._apps_result(*self.runner(apps_query_argv(self.path), self.call_timeout))
-        except GpuTimeout as exc:
-            if exc.proves_hang:
-                raise
-            return None, "no process list: %s" % exc
         except GpuError as exc:
-            return None, "no process list: %s" % exc
+            return no_process_list(exc)
 
     def _start_prefetch(self) -> None:
         if self.runner is not run_command:
@@ -134,10 +138,7 @@ class NvidiaSmiBackend:
             out, err = proc.communicate(timeout=bound)
         except subprocess.TimeoutExpired:
             self._end(proc)
-            hung = GpuTimeout(hung_msg(self.path, bound), bound)
-            if hung.proves_hang:
-                raise hung from None
-            return None, "no process list: %s" % hung
+            return no_process_list(GpuTimeout(hung_msg(self.path, bound), bound))
         return self._apps_result(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     @staticmethod
