@@ -21,7 +21,10 @@ def send(sock: socket.socket, header: t.Dict[str, t.Any], *blobs: bytes) -> None
     raw = json.dumps(header).encode("utf-8")
     sock.sendall(struct.pack(">I", len(raw)) + raw)
     for b in blobs:
-        sock.sendall(b)
+        # an empty blob is already complete in the header: writing it anyway races the peer, which may have
+        # read the whole frame, answered and closed, and the empty write then fails (EPIPE) after the fact
+        if b:
+            sock.sendall(b)
 
 
 def recv_exact(sock: t.Any, n: int) -> bytes:
