@@ -42,8 +42,9 @@ CONTROLLER = textwrap.dedent("""
             fh.write("%d\\n" % os.getpid())
         os.rename(report + ".tmp", report)
         tied = die_with_parent(controller)
-        with open(report + ".after", "w") as fh:
+        with open(report + ".after.tmp", "w") as fh:  # renamed: the test reads it as soon as it exists
             fh.write("%s\\n" % tied)
+        os.rename(report + ".after.tmp", report + ".after")
         time.sleep(60)
         os._exit(0)
     if mode == "late":
